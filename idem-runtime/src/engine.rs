@@ -1,0 +1,400 @@
+//! The engine: claim `(scope, key)`, run the work in the claim's transaction,
+//! store the outcome in that same transaction, commit; or replay, or refuse.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use sqlx::{Pool, Transaction};
+
+use crate::error::{whole_seconds, IdemError};
+use crate::operation::Operation;
+use crate::outcome::{Disposition, Outcome, StoredResponse};
+use crate::policy::{ClaimMode, FailureMode, Policy};
+use crate::store::{Backend, Record, RecordStatus};
+
+/// The future a unit of work returns: it borrows the claim's connection.
+pub type WorkFuture<'c, O> = Pin<Box<dyn Future<Output = O> + Send + 'c>>;
+
+/// How an operation's answer came about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Via {
+    /// The work ran for the first time under this key.
+    Executed,
+    /// The work ran after taking over a crashed attempt's expired lock.
+    TookOver,
+    /// The stored outcome of an earlier attempt was returned; nothing ran.
+    Replayed,
+    /// The store was down and the policy fails open: the work ran without deduplication.
+    FailedOpen,
+}
+
+impl Via {
+    /// A lowercase label for logs and metrics: `executed`, `takeover`, `replayed`, `failed_open`.
+    pub fn label(self) -> &'static str {
+        match self {
+            Via::Executed => "executed",
+            Via::TookOver => "takeover",
+            Via::Replayed => "replayed",
+            Via::FailedOpen => "failed_open",
+        }
+    }
+}
+
+/// An operation's answer and how it came about.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Completed<O> {
+    /// The outcome: fresh, or decoded from the store.
+    pub value: O,
+    /// Executed, taken over, replayed or failed open.
+    pub via: Via,
+}
+
+/// Counters an operator watches.
+#[derive(Debug, Default)]
+struct Counters {
+    failed_open: AtomicU64,
+}
+
+/// A snapshot of the engine's counters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stats {
+    /// Operations that ran without deduplication because the store was down.
+    pub failed_open: u64,
+}
+
+/// Runs units of work under idempotency keys, on one database.
+///
+/// ```no_run
+/// use idem_runtime::{Engine, IdempotencyKey, Operation, Scope};
+/// use sqlx::Sqlite;
+///
+/// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+/// let engine = Engine::<Sqlite>::open_sqlite("app.db").await?;
+/// engine.migrate().await?;
+///
+/// let op = Operation::new(Scope::tenant("acme"), IdempotencyKey::new("k-1")?, "charge-card.v1", &2500i64);
+/// let done = engine
+///     .run(&op, |tx| Box::pin(async move {
+///         sqlx::query("INSERT INTO payments (amount) VALUES (2500)").execute(&mut *tx).await
+///             ?;
+///         Ok::<_, idem_runtime::Problem>("pay_1".to_string())
+///     }))
+///     .await?;
+/// println!("{:?} via {}", done.value, done.via.label());
+/// # Ok(()) }
+/// ```
+pub struct Engine<DB: Backend> {
+    pool: Pool<DB>,
+    policy: Policy,
+    counters: Arc<Counters>,
+}
+
+impl<DB: Backend> Clone for Engine<DB> {
+    fn clone(&self) -> Self {
+        Self { pool: self.pool.clone(), policy: self.policy, counters: self.counters.clone() }
+    }
+}
+
+impl<DB: Backend> std::fmt::Debug for Engine<DB> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine").field("backend", &<DB as sqlx::Database>::NAME).field("policy", &self.policy).finish()
+    }
+}
+
+/// The outcome of a claim: run the work, or answer from the store.
+pub enum Claim<DB: Backend> {
+    /// This attempt owns the key: do the work through the guard, then finish it.
+    Execute(ClaimGuard<DB>),
+    /// A completed record with the same fingerprint exists: return it unchanged.
+    Replay(StoredResponse),
+}
+
+impl<DB: Backend> Engine<DB> {
+    /// An engine over `pool` with the default [`Policy`].
+    pub fn new(pool: Pool<DB>) -> Self {
+        Self { pool, policy: Policy::default(), counters: Arc::default() }
+    }
+
+    /// Replaces the default policy (each [`Operation`] may still override it).
+    pub fn with_policy(mut self, policy: Policy) -> Self {
+        self.policy = policy;
+        self
+    }
+
+    /// The pool, for the application's own queries.
+    pub fn pool(&self) -> &Pool<DB> {
+        &self.pool
+    }
+
+    /// The default policy.
+    pub fn policy(&self) -> &Policy {
+        &self.policy
+    }
+
+    /// Applies idem's migrations. Safe to call on every start: applied
+    /// migrations are skipped, and migrations the application applies to the
+    /// same database with its own migrator are ignored.
+    pub async fn migrate(&self) -> Result<(), sqlx::migrate::MigrateError>
+    where
+        for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
+        DB::Connection: sqlx::migrate::Migrate,
+    {
+        DB::migrator().run(&self.pool).await
+    }
+
+    /// The engine's counters.
+    pub fn stats(&self) -> Stats {
+        Stats { failed_open: self.counters.failed_open.load(Ordering::Relaxed) }
+    }
+
+    /// Runs `work` under `op`'s key.
+    ///
+    /// - No record (or an expired one): `work` runs with the claim's open
+    ///   transaction; its outcome is stored in that transaction if
+    ///   [`Outcome::disposition`] says so, and the transaction commits. A
+    ///   discarded outcome (server error) rolls everything back.
+    /// - A completed record with the same fingerprint: the stored outcome is
+    ///   returned, nothing runs ([`Via::Replayed`]).
+    /// - A different fingerprint: [`IdemError::Mismatch`].
+    /// - A live claim: [`IdemError::InProgress`] after waiting at most the
+    ///   policy's `wait_timeout`.
+    ///
+    /// A panic in `work`, or dropping the returned future, rolls back: nothing
+    /// is stored and the retry runs.
+    pub async fn run<O, F>(&self, op: &Operation, work: F) -> Result<Completed<O>, IdemError>
+    where
+        O: Outcome + Send,
+        F: for<'c> FnOnce(&'c mut DB::Connection) -> WorkFuture<'c, O>,
+    {
+        match self.claim(op).await? {
+            Claim::Replay(stored) => Ok(Completed { value: O::from_stored(stored)?, via: Via::Replayed }),
+            Claim::Execute(mut guard) => {
+                let via = guard.via();
+                let work_timeout = guard.policy.work_timeout;
+                let work = work(guard.connection());
+                let value = match work_timeout {
+                    None => work.await,
+                    Some(limit) => match tokio::time::timeout(limit, work).await {
+                        Ok(value) => value,
+                        Err(_) => {
+                            guard.finish(Disposition::Discard).await?;
+                            return Err(IdemError::TimedOut { limit });
+                        }
+                    },
+                };
+                guard.finish(value.disposition()).await?;
+                Ok(Completed { value, via })
+            }
+        }
+    }
+
+    /// Claims `op`'s key. The lower-level form of [`Engine::run`], for callers
+    /// that do their work in straight-line code rather than a closure.
+    pub async fn claim(&self, op: &Operation) -> Result<Claim<DB>, IdemError> {
+        let policy = op.policy.unwrap_or(self.policy);
+        if DB::READ_BEFORE_LOCK {
+            match DB::lookup_unlocked(&self.pool, op).await {
+                Ok(record) => match decide(record, op) {
+                    Decision::Execute(_) => {}
+                    Decision::Replay(stored) => return Ok(Claim::Replay(stored)),
+                    Decision::Refuse(error) => return Err(error),
+                },
+                Err(error) => return self.store_down(op, &policy, error).await,
+            }
+        }
+        let mut tx = match DB::begin_claim(&self.pool, op, &policy).await {
+            Ok(tx) => tx,
+            Err(error) if DB::is_lock_busy(&error) => return Err(in_progress_unknown()),
+            Err(error) => return self.store_down(op, &policy, error).await,
+        };
+        let record = match DB::lookup(&mut tx, op).await {
+            Ok(record) => record,
+            Err(error) => return self.store_down(op, &policy, error).await,
+        };
+        let via = match decide(record, op) {
+            Decision::Execute(via) => via,
+            Decision::Replay(stored) => return Ok(Claim::Replay(stored)),
+            Decision::Refuse(error) => return Err(error),
+        };
+        let mut guard = ClaimGuard { tx, op: op.clone(), policy, via, token: None, pool: self.pool.clone() };
+        if policy.claim_mode == ClaimMode::Durable {
+            let token = claim_token();
+            let durable = async {
+                DB::write_in_progress(&mut guard.tx, op, token, &policy).await?;
+                let tx = std::mem::replace(&mut guard.tx, self.pool.begin().await?);
+                tx.commit().await
+            };
+            if let Err(error) = durable.await {
+                return Err(unavailable(&policy, error));
+            }
+            guard.token = Some(token);
+        }
+        Ok(Claim::Execute(guard))
+    }
+
+    async fn store_down(&self, op: &Operation, policy: &Policy, error: sqlx::Error) -> Result<Claim<DB>, IdemError> {
+        if policy.failure_mode == FailureMode::Closed {
+            return Err(unavailable(policy, error));
+        }
+        self.counters.failed_open.fetch_add(1, Ordering::Relaxed);
+        tracing::warn!(
+            backend = <DB as sqlx::Database>::NAME,
+            step = op.step,
+            key = %op.key.log_tag(),
+            %error,
+            "idempotency store unavailable; running without deduplication (fail open)"
+        );
+        match self.pool.begin().await {
+            Ok(tx) => Ok(Claim::Execute(ClaimGuard {
+                tx,
+                op: op.clone(),
+                policy: *policy,
+                via: Via::FailedOpen,
+                token: None,
+                pool: self.pool.clone(),
+            })),
+            Err(error) => Err(unavailable(policy, error)),
+        }
+    }
+
+    /// Deletes expired records in batches of `batch` (by primary key) until none
+    /// are left; returns how many went. Short batches keep claims unblocked.
+    pub async fn purge_expired(&self, batch: u32) -> Result<u64, sqlx::Error> {
+        let batch = batch.max(1);
+        let mut total = 0;
+        loop {
+            let deleted = DB::purge_batch(&self.pool, batch).await?;
+            total += deleted;
+            if deleted < u64::from(batch) {
+                return Ok(total);
+            }
+        }
+    }
+
+    /// Spawns a task that purges expired records every `every`, in batches of
+    /// `batch`. Abort the handle to stop it.
+    pub fn spawn_purger(&self, every: Duration, batch: u32) -> tokio::task::JoinHandle<()> {
+        let engine = self.clone();
+        tokio::spawn(async move {
+            let mut ticker = tokio::time::interval(every);
+            ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                ticker.tick().await;
+                match engine.purge_expired(batch).await {
+                    Ok(0) => {}
+                    Ok(deleted) => tracing::debug!(deleted, "purged expired idempotency records"),
+                    Err(error) => tracing::warn!(%error, "purging expired idempotency records failed"),
+                }
+            }
+        })
+    }
+
+    /// The steps that still have unexpired records in the store, sorted.
+    pub async fn live_steps(&self) -> Result<Vec<String>, sqlx::Error> {
+        DB::live_steps(&self.pool).await
+    }
+}
+
+/// An owned claim: the open transaction holding the key's lock.
+///
+/// Dropping it without [`ClaimGuard::finish`] rolls the transaction back.
+pub struct ClaimGuard<DB: Backend> {
+    tx: Transaction<'static, DB>,
+    op: Operation,
+    policy: Policy,
+    via: Via,
+    token: Option<i64>,
+    pool: Pool<DB>,
+}
+
+impl<DB: Backend> ClaimGuard<DB> {
+    /// The claim's connection, inside its transaction: do the business writes here.
+    pub fn connection(&mut self) -> &mut DB::Connection {
+        &mut self.tx
+    }
+
+    /// Whether this attempt executes fresh, takes over, or fails open.
+    pub fn via(&self) -> Via {
+        self.via
+    }
+
+    /// The operation this claim is for.
+    pub fn operation(&self) -> &Operation {
+        &self.op
+    }
+
+    /// Stores the response and commits, or rolls back on [`Disposition::Discard`].
+    pub async fn finish(self, disposition: Disposition) -> Result<(), IdemError> {
+        let Self { mut tx, op, policy, via, token, pool } = self;
+        let response = match disposition {
+            Disposition::Store(response) => response,
+            Disposition::Discard => {
+                let _ = tx.rollback().await;
+                if let Some(token) = token {
+                    if let Err(error) = DB::release_claim(&pool, &op, token).await {
+                        tracing::warn!(%error, "releasing a durable claim failed; it frees itself when its lock expires");
+                    }
+                }
+                return Ok(());
+            }
+        };
+        let written = match (via, token) {
+            (Via::FailedOpen, _) => Ok(true),
+            (_, Some(token)) => DB::complete_claim(&mut tx, &op, token, &response, &policy).await,
+            (_, None) => DB::write_completed(&mut tx, &op, &response, &policy).await.map(|()| true),
+        };
+        match written {
+            Ok(true) => tx.commit().await.map_err(|error| unavailable(&policy, error)),
+            Ok(false) => Err(IdemError::LockLost),
+            Err(error) => Err(unavailable(&policy, error)),
+        }
+    }
+}
+
+enum Decision {
+    Execute(Via),
+    Replay(StoredResponse),
+    Refuse(IdemError),
+}
+
+/// The state table, in one place.
+fn decide(record: Option<Record>, op: &Operation) -> Decision {
+    let Some(record) = record else {
+        return Decision::Execute(Via::Executed);
+    };
+    if record.expired {
+        return Decision::Execute(Via::Executed);
+    }
+    if record.fingerprint != op.fingerprint.0 {
+        return Decision::Refuse(IdemError::Mismatch);
+    }
+    match (record.status, record.response, record.lock_left) {
+        (RecordStatus::Completed, Some(stored), _) => Decision::Replay(stored),
+        (RecordStatus::Completed, None, _) => Decision::Execute(Via::Executed),
+        (RecordStatus::InProgress, _, Some(left)) => {
+            Decision::Refuse(IdemError::InProgress { retry_after: whole_seconds(left) })
+        }
+        (RecordStatus::InProgress, _, None) => Decision::Execute(Via::TookOver),
+    }
+}
+
+/// A duplicate waited its bound for an uncommitted claim whose lock time is unknown.
+fn in_progress_unknown() -> IdemError {
+    IdemError::InProgress { retry_after: Duration::from_secs(1) }
+}
+
+fn unavailable(policy: &Policy, source: sqlx::Error) -> IdemError {
+    IdemError::Unavailable { retry_after: whole_seconds(policy.unavailable_retry_after), source }
+}
+
+/// A random token that marks which attempt owns a durable claim.
+fn claim_token() -> i64 {
+    use std::hash::{BuildHasher, Hasher};
+    use std::time::{SystemTime, UNIX_EPOCH};
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_u128(SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0));
+    hasher.finish() as i64
+}

@@ -1,0 +1,77 @@
+//! The errors the engine answers with instead of running the work.
+
+use std::time::Duration;
+
+use crate::outcome::ReplayError;
+
+/// Why an operation did not run (or could not be answered).
+///
+/// Each variant maps to one row of the protocol: `Mismatch` is a 422,
+/// `InProgress` a 409 with `Retry-After`, `Unavailable` a 503 with `Retry-After`.
+#[derive(Debug, thiserror::Error)]
+pub enum IdemError {
+    /// The key was used before with a different request; nothing ran.
+    #[error("this idempotency key was already used with a different request; send a new key for a new operation")]
+    Mismatch,
+    /// Another attempt with this key is running; nothing ran.
+    #[error("a request with this idempotency key is still in progress; retry in {}s", retry_after.as_secs())]
+    InProgress {
+        /// How long until the running attempt's lock expires (at least one second).
+        retry_after: Duration,
+    },
+    /// The store could not be reached and the policy fails closed; nothing ran.
+    #[error("the idempotency store is unavailable; retry in {}s", retry_after.as_secs())]
+    Unavailable {
+        /// When to retry.
+        retry_after: Duration,
+        /// The store's error.
+        #[source]
+        source: sqlx::Error,
+    },
+    /// The work did not finish within the policy's work timeout; it was rolled back.
+    #[error("the operation did not finish within {}ms and was rolled back; retry with the same key", limit.as_millis())]
+    TimedOut {
+        /// The work timeout.
+        limit: Duration,
+    },
+    /// A durable claim's lock expired while the work ran and another attempt took
+    /// it over; this attempt's writes were rolled back.
+    #[error("the claim's lock expired while the operation ran and another attempt took it over; this attempt was rolled back")]
+    LockLost,
+    /// A stored response could not be decoded into the operation's return type
+    /// (the type changed incompatibly within the retention window).
+    #[error(transparent)]
+    Replay(#[from] ReplayError),
+}
+
+impl IdemError {
+    /// The HTTP status this error answers with.
+    ///
+    /// ```
+    /// use idem_runtime::IdemError;
+    /// assert_eq!(IdemError::Mismatch.http_status(), 422);
+    /// ```
+    pub fn http_status(&self) -> u16 {
+        match self {
+            IdemError::Mismatch => 422,
+            IdemError::InProgress { .. } | IdemError::LockLost => 409,
+            IdemError::Unavailable { .. } => 503,
+            IdemError::TimedOut { .. } => 504,
+            IdemError::Replay(_) => 500,
+        }
+    }
+
+    /// Seconds for a `Retry-After` header, where the error has one.
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self {
+            IdemError::InProgress { retry_after } | IdemError::Unavailable { retry_after, .. } => Some(*retry_after),
+            _ => None,
+        }
+    }
+}
+
+/// Rounds up to whole seconds, at least one: what `Retry-After` can carry.
+pub(crate) fn whole_seconds(duration: Duration) -> Duration {
+    let secs = duration.as_secs() + u64::from(duration.subsec_nanos() > 0);
+    Duration::from_secs(secs.max(1))
+}

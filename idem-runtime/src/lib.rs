@@ -1,0 +1,49 @@
+//! The runtime behind [idem](https://docs.rs/idem): retried requests made safe.
+//!
+//! Usable on its own, without the macros:
+//!
+//! - [`IdempotencyKey`], [`Scope`]: who asks, with which key.
+//! - [`Fingerprint`] and [`fingerprint()`]: a canonical SHA-256 of the request.
+//! - [`Engine`]: claim, run the work in the claim's transaction, store the
+//!   outcome in the same transaction, commit; or replay, or refuse.
+//! - [`child_key`]: deterministic keys for downstream calls.
+//!
+//! The engine implements this state table for the record of `(scope, key)`:
+//!
+//! | found | fingerprint | lock | outcome |
+//! |---|---|---|---|
+//! | nothing | – | – | execute; business writes and the completed record commit together |
+//! | completed, not expired | same | – | replay the stored outcome unchanged |
+//! | completed or in progress | different | any | [`IdemError::Mismatch`] (422) |
+//! | in progress | same | live | [`IdemError::InProgress`] (409, seconds left on the lock) |
+//! | in progress | same | expired | take over and execute |
+//! | expired, not yet purged | any | – | treated as absent |
+
+pub mod engine;
+pub mod error;
+pub mod fingerprint;
+mod hex;
+pub mod key;
+pub mod operation;
+pub mod outcome;
+pub mod policy;
+pub mod problem;
+pub mod scope;
+pub mod step;
+pub mod store;
+#[cfg(feature = "test-support")]
+pub mod test_support;
+
+pub use engine::{Claim, ClaimGuard, Completed, Engine, Stats, Via, WorkFuture};
+pub use error::IdemError;
+pub use fingerprint::{fingerprint, Fingerprint, FingerprintHasher, RequestHash};
+pub use key::{IdempotencyKey, KeyError};
+pub use operation::Operation;
+pub use outcome::{Disposition, ErrorOutcome, Outcome, ReplayError, StoredResponse};
+pub use policy::{ClaimMode, FailureMode, Policy};
+pub use problem::Problem;
+pub use scope::Scope;
+pub use step::{check_step_name, child_key, StepNameError};
+pub use store::Backend;
+
+pub use sqlx;

@@ -1,0 +1,146 @@
+//! How long claims wait, lock and live, and what happens when the store is down.
+
+use std::time::Duration;
+
+/// Whether a claim lives inside the business transaction or outlives it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ClaimMode {
+    /// One transaction: the key record is written once, completed, just before
+    /// the commit that also carries the business writes. Concurrent duplicates
+    /// wait on a lock for the key. The default, and the fastest.
+    #[default]
+    Transactional,
+    /// Two transactions: an `in_progress` row with `locked_until` commits first,
+    /// then the work and the completion commit together. Use it when the work
+    /// must not hold a database transaction for its whole length (a long call to
+    /// another system); a crash leaves the row to be taken over once the lock expires.
+    Durable,
+}
+
+/// What happens when the store cannot be reached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum FailureMode {
+    /// Refuse the operation with [`crate::IdemError::Unavailable`]; the work never runs.
+    #[default]
+    Closed,
+    /// Run the work without deduplication, logging a warning and counting it.
+    Open,
+}
+
+/// The knobs of one step (or of the whole engine, as its default).
+///
+/// ```
+/// use idem_runtime::Policy;
+/// use std::time::Duration;
+///
+/// let policy = Policy::default()
+///     .retention(Duration::from_secs(7 * 24 * 3600))
+///     .wait_timeout(Duration::from_millis(500));
+/// assert_eq!(policy.lock_ttl, Duration::from_secs(30));
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Policy {
+    /// How long a record lives before it is treated as absent and purged. Default 24 h.
+    pub retention: Duration,
+    /// How long a durable claim's lock lasts before another attempt may take it over.
+    /// Set it above the work's p99 latency. Default 30 s.
+    pub lock_ttl: Duration,
+    /// How long a duplicate waits for the winner's uncommitted claim before it
+    /// gets the in-progress error. Default 5 s.
+    pub wait_timeout: Duration,
+    /// A bound on the work itself; past it the transaction rolls back. Default none.
+    pub work_timeout: Option<Duration>,
+    /// What to do when the store is down. Default [`FailureMode::Closed`].
+    pub failure_mode: FailureMode,
+    /// Where the claim lives. Default [`ClaimMode::Transactional`].
+    pub claim_mode: ClaimMode,
+    /// The `Retry-After` a client is told when the store is unavailable. Default 1 s.
+    pub unavailable_retry_after: Duration,
+}
+
+impl Default for Policy {
+    fn default() -> Self {
+        Self {
+            retention: Duration::from_secs(24 * 3600),
+            lock_ttl: Duration::from_secs(30),
+            wait_timeout: Duration::from_secs(5),
+            work_timeout: None,
+            failure_mode: FailureMode::Closed,
+            claim_mode: ClaimMode::Transactional,
+            unavailable_retry_after: Duration::from_secs(1),
+        }
+    }
+}
+
+impl Policy {
+    /// Sets [`Policy::retention`].
+    pub fn retention(mut self, retention: Duration) -> Self {
+        self.retention = retention;
+        self
+    }
+    /// Sets [`Policy::lock_ttl`].
+    pub fn lock_ttl(mut self, lock_ttl: Duration) -> Self {
+        self.lock_ttl = lock_ttl;
+        self
+    }
+    /// Sets [`Policy::wait_timeout`].
+    pub fn wait_timeout(mut self, wait_timeout: Duration) -> Self {
+        self.wait_timeout = wait_timeout;
+        self
+    }
+    /// Sets [`Policy::work_timeout`].
+    pub fn work_timeout(mut self, work_timeout: Duration) -> Self {
+        self.work_timeout = Some(work_timeout);
+        self
+    }
+    /// Sets [`Policy::failure_mode`].
+    pub fn failure_mode(mut self, failure_mode: FailureMode) -> Self {
+        self.failure_mode = failure_mode;
+        self
+    }
+    /// Sets [`Policy::claim_mode`].
+    pub fn claim_mode(mut self, claim_mode: ClaimMode) -> Self {
+        self.claim_mode = claim_mode;
+        self
+    }
+}
+
+/// Parses a duration such as `"24h"`, `"30s"`, `"500ms"`, `"7d"` or `"15m"`.
+///
+/// ```
+/// use idem_runtime::policy::parse_duration;
+/// use std::time::Duration;
+/// assert_eq!(parse_duration("24h"), Some(Duration::from_secs(86_400)));
+/// assert_eq!(parse_duration("500ms"), Some(Duration::from_millis(500)));
+/// assert_eq!(parse_duration("soon"), None);
+/// ```
+pub const fn parse_duration(text: &str) -> Option<Duration> {
+    let bytes = text.as_bytes();
+    let mut value: u64 = 0;
+    let mut i = 0;
+    while i < bytes.len() && bytes[i].is_ascii_digit() {
+        value = match value.checked_mul(10) {
+            Some(v) => match v.checked_add((bytes[i] - b'0') as u64) {
+                Some(v) => v,
+                None => return None,
+            },
+            None => return None,
+        };
+        i += 1;
+    }
+    if i == 0 {
+        return None;
+    }
+    let unit_ms: u64 = match (bytes.len() - i, if i < bytes.len() { bytes[i] } else { 0 }) {
+        (2, b'm') if bytes[i + 1] == b's' => 1,
+        (1, b's') => 1_000,
+        (1, b'm') => 60_000,
+        (1, b'h') => 3_600_000,
+        (1, b'd') => 86_400_000,
+        _ => return None,
+    };
+    match value.checked_mul(unit_ms) {
+        Some(ms) => Some(Duration::from_millis(ms)),
+        None => None,
+    }
+}

@@ -1,0 +1,154 @@
+//! The stores: one small trait, implemented for SQLite and Postgres.
+//!
+//! The engine's logic lives in [`crate::engine`]; a backend only knows how to
+//! take the key's lock, read the record and write it.
+
+use std::future::Future;
+use std::time::Duration;
+
+use sqlx::{Pool, Transaction};
+
+use crate::operation::Operation;
+use crate::outcome::StoredResponse;
+use crate::policy::Policy;
+
+#[cfg(feature = "postgres")]
+pub mod postgres;
+#[cfg(feature = "sqlite")]
+pub mod sqlite;
+
+/// The state of a stored key record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RecordStatus {
+    /// Claimed by an attempt that has not completed (durable claims only).
+    InProgress,
+    /// Completed; the response is stored.
+    Completed,
+}
+
+impl RecordStatus {
+    pub(crate) fn parse(text: &str) -> Self {
+        if text == "completed" {
+            Self::Completed
+        } else {
+            Self::InProgress
+        }
+    }
+}
+
+/// A key record as read by a claim.
+#[derive(Debug, Clone)]
+pub struct Record {
+    /// In progress or completed.
+    pub status: RecordStatus,
+    /// The fingerprint of the request that created it.
+    pub fingerprint: Vec<u8>,
+    /// The stored response, for completed records.
+    pub response: Option<StoredResponse>,
+    /// Whether `expires_at` has passed.
+    pub expired: bool,
+    /// Time left on the lock; `None` once `locked_until` has passed.
+    pub lock_left: Option<Duration>,
+}
+
+/// A database idem can keep key records in. Implemented for [`sqlx::Sqlite`]
+/// and [`sqlx::Postgres`]; the methods are the engine's, not an application's.
+pub trait Backend: sqlx::Database + Sized {
+    /// Whether a claim first reads the record without any lock, so replays and
+    /// conflicts never wait for the write lock (SQLite, where the write lock is
+    /// database-wide).
+    #[doc(hidden)]
+    const READ_BEFORE_LOCK: bool;
+
+    /// The embedded migrations.
+    #[doc(hidden)]
+    fn migrator() -> &'static sqlx::migrate::Migrator;
+
+    /// Opens the claim's transaction holding the key's lock, waiting at most
+    /// `policy.wait_timeout` for it.
+    #[doc(hidden)]
+    fn begin_claim<'a>(
+        pool: &'a Pool<Self>,
+        op: &'a Operation,
+        policy: &'a Policy,
+    ) -> impl Future<Output = Result<Transaction<'static, Self>, sqlx::Error>> + Send + 'a;
+
+    /// Reads the record for `(scope, key)`.
+    #[doc(hidden)]
+    fn lookup<'a>(
+        conn: &'a mut Self::Connection,
+        op: &'a Operation,
+    ) -> impl Future<Output = Result<Option<Record>, sqlx::Error>> + Send + 'a;
+
+    /// Reads the record outside any transaction (used when [`Backend::READ_BEFORE_LOCK`]).
+    #[doc(hidden)]
+    fn lookup_unlocked<'a>(
+        pool: &'a Pool<Self>,
+        op: &'a Operation,
+    ) -> impl Future<Output = Result<Option<Record>, sqlx::Error>> + Send + 'a;
+
+    /// Writes the completed record, replacing an expired or taken-over one.
+    #[doc(hidden)]
+    fn write_completed<'a>(
+        conn: &'a mut Self::Connection,
+        op: &'a Operation,
+        response: &'a StoredResponse,
+        policy: &'a Policy,
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'a;
+
+    /// Writes an `in_progress` record owned by `token` (durable claims).
+    #[doc(hidden)]
+    fn write_in_progress<'a>(
+        conn: &'a mut Self::Connection,
+        op: &'a Operation,
+        token: i64,
+        policy: &'a Policy,
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'a;
+
+    /// Completes the `in_progress` record owned by `token`; `false` if another
+    /// attempt took it over.
+    #[doc(hidden)]
+    fn complete_claim<'a>(
+        conn: &'a mut Self::Connection,
+        op: &'a Operation,
+        token: i64,
+        response: &'a StoredResponse,
+        policy: &'a Policy,
+    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'a;
+
+    /// Deletes the `in_progress` record owned by `token`, so a retry runs at once.
+    #[doc(hidden)]
+    fn release_claim<'a>(
+        pool: &'a Pool<Self>,
+        op: &'a Operation,
+        token: i64,
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'a;
+
+    /// Deletes up to `batch` expired records by primary key; returns how many went.
+    #[doc(hidden)]
+    fn purge_batch(pool: &Pool<Self>, batch: u32) -> impl Future<Output = Result<u64, sqlx::Error>> + Send + '_;
+
+    /// The distinct steps that still have unexpired records.
+    #[doc(hidden)]
+    fn live_steps(pool: &Pool<Self>) -> impl Future<Output = Result<Vec<String>, sqlx::Error>> + Send + '_;
+
+    /// Whether `error` means "the key's lock is held by another attempt".
+    #[doc(hidden)]
+    fn is_lock_busy(error: &sqlx::Error) -> bool;
+}
+
+pub(crate) fn millis(duration: Duration) -> i64 {
+    i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
+}
+
+pub(crate) fn response_from_columns(
+    status: Option<i64>,
+    content_type: Option<String>,
+    body: Option<Vec<u8>>,
+) -> Option<StoredResponse> {
+    Some(StoredResponse {
+        status: u16::try_from(status?).ok()?,
+        content_type: content_type.unwrap_or_default(),
+        body: body.unwrap_or_default(),
+    })
+}

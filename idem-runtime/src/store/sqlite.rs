@@ -1,0 +1,253 @@
+//! SQLite: the embedded default.
+//!
+//! Claims take the database's write lock up front (`BEGIN IMMEDIATE`) instead
+//! of upgrading a deferred transaction, and wait for it at most the connection's
+//! `busy_timeout`. Replays and conflicts are answered by a read in WAL mode,
+//! which never waits for the write lock.
+
+use std::path::Path;
+use std::str::FromStr;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteRow, SqliteSynchronous};
+use sqlx::{Pool, Row, Sqlite, SqliteConnection, SqlitePool, Transaction};
+
+use super::{millis, response_from_columns, Backend, Record, RecordStatus};
+use crate::operation::Operation;
+use crate::outcome::StoredResponse;
+use crate::policy::Policy;
+
+/// Ignores migrations it does not know, so an application can keep its own
+/// sqlx migrations in the same database.
+static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate::Migrator {
+    ignore_missing: true,
+    ..sqlx::migrate!("../migrations/sqlite")
+};
+
+/// Opens (creating if missing) a SQLite database file configured for idem:
+/// WAL journal, `synchronous = FULL`, a `busy_timeout` of `policy.wait_timeout`,
+/// and a pool of `max_connections`.
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), sqlx::Error> {
+/// use idem_runtime::{store::sqlite, Policy};
+/// let pool = sqlite::open("idem.db", &Policy::default(), 8).await?;
+/// # Ok(()) }
+/// ```
+pub async fn open(path: impl AsRef<Path>, policy: &Policy, max_connections: u32) -> Result<SqlitePool, sqlx::Error> {
+    let options = SqliteConnectOptions::new().filename(path).create_if_missing(true);
+    pool(options, policy, max_connections).await
+}
+
+/// Like [`open`], from a `sqlite:` URL (`sqlite::memory:` included).
+pub async fn connect(url: &str, policy: &Policy, max_connections: u32) -> Result<SqlitePool, sqlx::Error> {
+    let options = SqliteConnectOptions::from_str(url)?.create_if_missing(true);
+    pool(options, policy, max_connections).await
+}
+
+async fn pool(options: SqliteConnectOptions, policy: &Policy, max_connections: u32) -> Result<SqlitePool, sqlx::Error> {
+    let options = options
+        .journal_mode(SqliteJournalMode::Wal)
+        .synchronous(SqliteSynchronous::Full)
+        .busy_timeout(policy.wait_timeout);
+    SqlitePoolOptions::new()
+        .max_connections(max_connections)
+        .test_before_acquire(false)
+        .acquire_timeout(policy.wait_timeout.max(Duration::from_secs(5)))
+        .connect_with(options)
+        .await
+}
+
+fn now_ms() -> i64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| millis(d)).unwrap_or(0)
+}
+
+const SELECT_RECORD: &str = "SELECT status, fingerprint, response_status, response_content_type, response_body, \
+     expires_at, locked_until FROM idempotency_keys WHERE scope = ?1 AND key = ?2";
+
+fn record(row: &SqliteRow) -> Result<Record, sqlx::Error> {
+    let now = now_ms();
+    let status: String = row.try_get(0)?;
+    let expires_at: i64 = row.try_get(5)?;
+    let locked_until: i64 = row.try_get(6)?;
+    Ok(Record {
+        status: RecordStatus::parse(&status),
+        fingerprint: row.try_get(1)?,
+        response: response_from_columns(row.try_get(2)?, row.try_get(3)?, row.try_get(4)?),
+        expired: expires_at <= now,
+        lock_left: (locked_until > now).then(|| Duration::from_millis((locked_until - now) as u64)),
+    })
+}
+
+const UPSERT_COMPLETED: &str = "INSERT INTO idempotency_keys \
+     (scope, key, step, fingerprint, status, response_status, response_content_type, response_body, \
+      claim_token, created_at, locked_until, expires_at) \
+     VALUES (?1, ?2, ?3, ?4, 'completed', ?5, ?6, ?7, NULL, ?8, ?8, ?9) \
+     ON CONFLICT (scope, key) DO UPDATE SET step = excluded.step, fingerprint = excluded.fingerprint, \
+       status = 'completed', response_status = excluded.response_status, \
+       response_content_type = excluded.response_content_type, response_body = excluded.response_body, \
+       claim_token = NULL, created_at = excluded.created_at, locked_until = excluded.locked_until, \
+       expires_at = excluded.expires_at";
+
+const UPSERT_IN_PROGRESS: &str = "INSERT INTO idempotency_keys \
+     (scope, key, step, fingerprint, status, claim_token, created_at, locked_until, expires_at) \
+     VALUES (?1, ?2, ?3, ?4, 'in_progress', ?5, ?6, ?7, ?8) \
+     ON CONFLICT (scope, key) DO UPDATE SET step = excluded.step, fingerprint = excluded.fingerprint, \
+       status = 'in_progress', response_status = NULL, response_content_type = NULL, response_body = NULL, \
+       claim_token = excluded.claim_token, created_at = excluded.created_at, \
+       locked_until = excluded.locked_until, expires_at = excluded.expires_at";
+
+const COMPLETE_CLAIM: &str = "UPDATE idempotency_keys SET status = 'completed', response_status = ?4, \
+       response_content_type = ?5, response_body = ?6, claim_token = NULL, locked_until = ?7, expires_at = ?8 \
+     WHERE scope = ?1 AND key = ?2 AND claim_token = ?3 AND status = 'in_progress'";
+
+impl Backend for Sqlite {
+    const READ_BEFORE_LOCK: bool = true;
+
+    fn migrator() -> &'static sqlx::migrate::Migrator {
+        &MIGRATOR
+    }
+
+    async fn begin_claim<'a>(
+        pool: &'a Pool<Self>,
+        _op: &'a Operation,
+        _policy: &'a Policy,
+    ) -> Result<Transaction<'static, Self>, sqlx::Error> {
+        pool.begin_with("BEGIN IMMEDIATE").await
+    }
+
+    async fn lookup<'a>(conn: &'a mut SqliteConnection, op: &'a Operation) -> Result<Option<Record>, sqlx::Error> {
+        let row = sqlx::query(SELECT_RECORD)
+            .bind(op.scope.as_stored())
+            .bind(op.key.as_str())
+            .fetch_optional(conn)
+            .await?;
+        row.as_ref().map(record).transpose()
+    }
+
+    async fn lookup_unlocked<'a>(pool: &'a Pool<Self>, op: &'a Operation) -> Result<Option<Record>, sqlx::Error> {
+        let row = sqlx::query(SELECT_RECORD)
+            .bind(op.scope.as_stored())
+            .bind(op.key.as_str())
+            .fetch_optional(pool)
+            .await?;
+        row.as_ref().map(record).transpose()
+    }
+
+    async fn write_completed<'a>(
+        conn: &'a mut SqliteConnection,
+        op: &'a Operation,
+        response: &'a StoredResponse,
+        policy: &'a Policy,
+    ) -> Result<(), sqlx::Error> {
+        let now = now_ms();
+        sqlx::query(UPSERT_COMPLETED)
+            .bind(op.scope.as_stored())
+            .bind(op.key.as_str())
+            .bind(op.step)
+            .bind(&op.fingerprint.0[..])
+            .bind(i64::from(response.status))
+            .bind(&response.content_type)
+            .bind(&response.body)
+            .bind(now)
+            .bind(now.saturating_add(millis(policy.retention)))
+            .execute(conn)
+            .await?;
+        Ok(())
+    }
+
+    async fn write_in_progress<'a>(
+        conn: &'a mut SqliteConnection,
+        op: &'a Operation,
+        token: i64,
+        policy: &'a Policy,
+    ) -> Result<(), sqlx::Error> {
+        let now = now_ms();
+        sqlx::query(UPSERT_IN_PROGRESS)
+            .bind(op.scope.as_stored())
+            .bind(op.key.as_str())
+            .bind(op.step)
+            .bind(&op.fingerprint.0[..])
+            .bind(token)
+            .bind(now)
+            .bind(now.saturating_add(millis(policy.lock_ttl)))
+            .bind(now.saturating_add(millis(policy.retention.max(policy.lock_ttl))))
+            .execute(conn)
+            .await?;
+        Ok(())
+    }
+
+    async fn complete_claim<'a>(
+        conn: &'a mut SqliteConnection,
+        op: &'a Operation,
+        token: i64,
+        response: &'a StoredResponse,
+        policy: &'a Policy,
+    ) -> Result<bool, sqlx::Error> {
+        let now = now_ms();
+        let done = sqlx::query(COMPLETE_CLAIM)
+            .bind(op.scope.as_stored())
+            .bind(op.key.as_str())
+            .bind(token)
+            .bind(i64::from(response.status))
+            .bind(&response.content_type)
+            .bind(&response.body)
+            .bind(now)
+            .bind(now.saturating_add(millis(policy.retention)))
+            .execute(conn)
+            .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn release_claim<'a>(pool: &'a Pool<Self>, op: &'a Operation, token: i64) -> Result<(), sqlx::Error> {
+        sqlx::query("DELETE FROM idempotency_keys WHERE scope = ?1 AND key = ?2 AND claim_token = ?3 AND status = 'in_progress'")
+            .bind(op.scope.as_stored())
+            .bind(op.key.as_str())
+            .bind(token)
+            .execute(pool)
+            .await?;
+        Ok(())
+    }
+
+    async fn purge_batch(pool: &Pool<Self>, batch: u32) -> Result<u64, sqlx::Error> {
+        let done = sqlx::query(
+            "DELETE FROM idempotency_keys WHERE (scope, key) IN \
+             (SELECT scope, key FROM idempotency_keys WHERE expires_at < ?1 ORDER BY expires_at LIMIT ?2)",
+        )
+        .bind(now_ms())
+        .bind(i64::from(batch))
+        .execute(pool)
+        .await?;
+        Ok(done.rows_affected())
+    }
+
+    async fn live_steps(pool: &Pool<Self>) -> Result<Vec<String>, sqlx::Error> {
+        sqlx::query_scalar("SELECT DISTINCT step FROM idempotency_keys WHERE expires_at > ?1 ORDER BY step")
+            .bind(now_ms())
+            .fetch_all(pool)
+            .await
+    }
+
+    fn is_lock_busy(error: &sqlx::Error) -> bool {
+        // SQLITE_BUSY (5) and SQLITE_LOCKED (6), with their extended codes.
+        let code = match error {
+            sqlx::Error::Database(db) => db.code().and_then(|code| code.parse::<i32>().ok()),
+            _ => None,
+        };
+        matches!(code.map(|c| c & 0xff), Some(5 | 6))
+    }
+}
+
+impl crate::Engine<Sqlite> {
+    /// An engine on a SQLite file (created if missing) with the default policy
+    /// and a pool of 8 connections.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), sqlx::Error> {
+    /// let engine = idem_runtime::Engine::<sqlx::Sqlite>::open_sqlite("idem.db").await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn open_sqlite(path: impl AsRef<Path>) -> Result<Self, sqlx::Error> {
+        Ok(Self::new(open(path, &Policy::default(), 8).await?))
+    }
+}

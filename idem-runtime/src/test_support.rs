@@ -1,0 +1,223 @@
+//! Throwaway databases for tests and benchmarks (feature `test-support`).
+//!
+//! [`postgres()`] starts one Postgres cluster per process from the system
+//! binaries (`initdb`/`pg_ctl` on `PATH` or under `/usr/lib/postgresql/*/bin`),
+//! in a temporary directory, on a free loopback port. A watchdog process stops
+//! it and removes the directory when the process exits. When
+//! `IDEM_TEST_DATABASE_URL` is set, that server is used instead. If neither is
+//! possible the call panics with instructions: Postgres tests never skip.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::OnceLock;
+
+use sqlx::{Connection, Executor, PgConnection};
+
+/// Settings for a test cluster: fast, not durable (tests kill clients, not the server).
+pub const FAST_SETTINGS: &[(&str, &str)] =
+    &[("fsync", "off"), ("synchronous_commit", "off"), ("full_page_writes", "off")];
+
+/// A running Postgres server.
+#[derive(Debug)]
+pub struct PgServer {
+    /// Base URL without a database name, e.g. `postgres://postgres@127.0.0.1:5433`.
+    base_url: String,
+    /// Settings the server was started with.
+    settings: Vec<(String, String)>,
+}
+
+static SHARED: OnceLock<PgServer> = OnceLock::new();
+static NEXT_DB: AtomicU32 = AtomicU32::new(0);
+
+/// The process-wide test server, started on first use with [`FAST_SETTINGS`].
+///
+/// ```no_run
+/// # async fn demo() {
+/// let url = idem_runtime::test_support::postgres().fresh_database().await;
+/// # }
+/// ```
+pub fn postgres() -> &'static PgServer {
+    SHARED.get_or_init(|| PgServer::from_env_or_start(FAST_SETTINGS))
+}
+
+impl PgServer {
+    /// Uses `IDEM_TEST_DATABASE_URL` if set, else starts a cluster with `settings`.
+    pub fn from_env_or_start(settings: &[(&str, &str)]) -> Self {
+        match std::env::var("IDEM_TEST_DATABASE_URL") {
+            Ok(url) if !url.is_empty() => Self { base_url: url, settings: Vec::new() },
+            _ => Self::start(settings).unwrap_or_else(|error| panic!("{}", how_to_get_postgres(&error))),
+        }
+    }
+
+    /// Starts a new cluster with the given `postgresql.conf` settings.
+    pub fn start(settings: &[(&str, &str)]) -> Result<Self, String> {
+        let bin = find_bin_dir().ok_or("initdb and pg_ctl were not found")?;
+        let root = tempfile::Builder::new()
+            .prefix("idem-pg-")
+            .tempdir()
+            .map_err(|e| format!("temp dir: {e}"))?
+            .keep();
+        let data = root.join("data");
+        let as_root = is_root();
+        if as_root {
+            run(Command::new("chown").args(["-R", "postgres:postgres"]).arg(&root), "chown")?;
+        }
+        let port = free_port()?;
+        let pg = |tool: &str| -> Command {
+            let exe = bin.join(tool);
+            if as_root {
+                let mut cmd = Command::new("runuser");
+                cmd.args(["-u", "postgres", "--"]).arg(exe);
+                cmd
+            } else {
+                Command::new(exe)
+            }
+        };
+        run(
+            pg("initdb").arg("-D").arg(&data).args(["-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-locale", "--no-sync"]),
+            "initdb",
+        )?;
+        let mut options = format!("-c listen_addresses=127.0.0.1 -p {port} -k {} -c max_connections=300", root.display());
+        for (name, value) in settings {
+            options.push_str(&format!(" -c {name}={value}"));
+        }
+        let log = root.join("postgres.log");
+        run(pg("pg_ctl").arg("-D").arg(&data).arg("-l").arg(&log).args(["-o", &options, "-w", "-t", "60", "start"]), "pg_ctl start")?;
+        spawn_watchdog(&bin, &root, &data, as_root);
+        Ok(Self {
+            base_url: format!("postgres://postgres@127.0.0.1:{port}"),
+            settings: settings.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+        })
+    }
+
+    /// The server's URL for database `name` (replacing any database the base URL names).
+    pub fn url(&self, name: &str) -> String {
+        let (base, query) = match self.base_url.split_once('?') {
+            Some((base, query)) => (base, Some(query)),
+            None => (self.base_url.as_str(), None),
+        };
+        let authority = base.find("://").map_or(0, |i| i + 3);
+        let path = base[authority..].find('/').map_or(base.len(), |i| authority + i);
+        let mut url = format!("{}/{name}", &base[..path]);
+        if let Some(query) = query {
+            url.push('?');
+            url.push_str(query);
+        }
+        url
+    }
+
+    /// The settings this server was started with (empty for an external server).
+    pub fn settings(&self) -> &[(String, String)] {
+        &self.settings
+    }
+
+    /// Creates a new, empty database and returns its URL.
+    pub async fn fresh_database(&self) -> String {
+        let name = format!("idem_{}_{}", std::process::id(), NEXT_DB.fetch_add(1, Ordering::Relaxed));
+        let mut admin = PgConnection::connect(&self.url("postgres"))
+            .await
+            .unwrap_or_else(|e| panic!("cannot reach the test Postgres server at {}: {e}", self.base_url));
+        admin
+            .execute(format!("CREATE DATABASE {name}").as_str())
+            .await
+            .unwrap_or_else(|e| panic!("CREATE DATABASE {name} failed: {e}"));
+        let _ = admin.close().await;
+        self.url(&name)
+    }
+
+    /// The server's version string.
+    pub async fn version(&self) -> String {
+        let mut conn = PgConnection::connect(&self.url("postgres")).await.expect("connect");
+        sqlx::query_scalar("SHOW server_version").fetch_one(&mut conn).await.expect("version")
+    }
+}
+
+/// A SQLite database file in a fresh temporary directory; the directory goes
+/// when the returned guard drops.
+pub fn sqlite_file() -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::Builder::new().prefix("idem-sqlite-").tempdir().expect("temp dir");
+    let path = dir.path().join("idem.db");
+    (dir, path)
+}
+
+fn how_to_get_postgres(error: &str) -> String {
+    format!(
+        "the Postgres tests need a Postgres server and could not start one ({error}).\n\
+         Install PostgreSQL so that `initdb` and `pg_ctl` are on PATH or under /usr/lib/postgresql/*/bin \
+         (Debian/Ubuntu: `apt-get install -y postgresql`), or point IDEM_TEST_DATABASE_URL at a server \
+         whose user may CREATE DATABASE, e.g. IDEM_TEST_DATABASE_URL=postgres://postgres@127.0.0.1:5432"
+    )
+}
+
+fn find_bin_dir() -> Option<PathBuf> {
+    let on_path = std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths).find(|dir| dir.join("initdb").is_file() && dir.join("pg_ctl").is_file())
+    });
+    // Resolve symlinks so the cluster's binaries come from one installation.
+    if let Some(dir) = on_path {
+        let initdb = std::fs::canonicalize(dir.join("initdb")).ok()?;
+        return initdb.parent().map(Path::to_path_buf);
+    }
+    let mut candidates: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
+        .ok()?
+        .filter_map(|entry| entry.ok().map(|e| e.path().join("bin")))
+        .filter(|bin| bin.join("initdb").is_file())
+        .collect();
+    candidates.sort_by_key(|bin| {
+        bin.parent()
+            .and_then(|v| v.file_name())
+            .and_then(|v| v.to_str())
+            .and_then(|v| v.parse::<u32>().ok())
+            .unwrap_or(0)
+    });
+    candidates.pop()
+}
+
+fn is_root() -> bool {
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .map(|out| String::from_utf8_lossy(&out.stdout).trim() == "0")
+        .unwrap_or(false)
+}
+
+fn free_port() -> Result<u16, String> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| format!("bind: {e}"))?;
+    listener.local_addr().map(|a| a.port()).map_err(|e| format!("local_addr: {e}"))
+}
+
+fn run(cmd: &mut Command, what: &str) -> Result<(), String> {
+    let out = cmd.stdin(Stdio::null()).output().map_err(|e| format!("{what}: {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "{what} failed ({}): {}{}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ))
+    }
+}
+
+/// Stops the cluster and removes its directory once this process is gone.
+fn spawn_watchdog(bin: &Path, root: &Path, data: &Path, as_root: bool) {
+    let pg_ctl = bin.join("pg_ctl");
+    let stop = if as_root {
+        format!("runuser -u postgres -- {} -D {} -m immediate stop", pg_ctl.display(), data.display())
+    } else {
+        format!("{} -D {} -m immediate stop", pg_ctl.display(), data.display())
+    };
+    let script = format!(
+        "while kill -0 {pid} 2>/dev/null; do sleep 0.5; done; {stop} >/dev/null 2>&1; rm -rf {root}",
+        pid = std::process::id(),
+        root = root.display()
+    );
+    let _ = Command::new("sh")
+        .args(["-c", &script])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn();
+}
