@@ -112,6 +112,13 @@ pub enum Claim<DB: Backend> {
     Replay(StoredResponse),
 }
 
+impl<DB: Backend> Claim<DB> {
+    /// Decodes a replayed response into the operation's outcome type.
+    pub fn replayed<O: Outcome>(stored: StoredResponse) -> Result<Completed<O>, IdemError> {
+        Ok(Completed { value: O::from_stored(stored)?, via: Via::Replayed })
+    }
+}
+
 impl<DB: Backend> Engine<DB> {
     /// An engine over `pool` with the default [`Policy`].
     pub fn new(pool: Pool<DB>) -> Self {
@@ -170,12 +177,11 @@ impl<DB: Backend> Engine<DB> {
         F: for<'c> FnOnce(&'c mut DB::Connection) -> WorkFuture<'c, O>,
     {
         match self.claim(op).await? {
-            Claim::Replay(stored) => Ok(Completed { value: O::from_stored(stored)?, via: Via::Replayed }),
+            Claim::Replay(stored) => Claim::<DB>::replayed(stored),
             Claim::Execute(mut guard) => {
-                let via = guard.via();
-                let work_timeout = guard.policy.work_timeout;
+                let limit = guard.policy.work_timeout;
                 let work = work(guard.connection());
-                let value = match work_timeout {
+                let value = match limit {
                     None => work.await,
                     Some(limit) => match tokio::time::timeout(limit, work).await {
                         Ok(value) => value,
@@ -185,8 +191,7 @@ impl<DB: Backend> Engine<DB> {
                         }
                     },
                 };
-                guard.finish(value.disposition()).await?;
-                Ok(Completed { value, via })
+                guard.complete(value).await
             }
         }
     }
@@ -324,6 +329,19 @@ impl<DB: Backend> ClaimGuard<DB> {
     /// The operation this claim is for.
     pub fn operation(&self) -> &Operation {
         &self.op
+    }
+
+    /// The policy's bound on the work, if any.
+    pub fn work_timeout(&self) -> Option<Duration> {
+        self.policy.work_timeout
+    }
+
+    /// Finishes with the work's value: stores it and commits if its
+    /// [`Outcome::disposition`] says so, rolls back otherwise, and hands it back.
+    pub async fn complete<O: Outcome>(self, value: O) -> Result<Completed<O>, IdemError> {
+        let via = self.via;
+        self.finish(value.disposition()).await?;
+        Ok(Completed { value, via })
     }
 
     /// Stores the response and commits, or rolls back on [`Disposition::Discard`].
