@@ -1,0 +1,220 @@
+//! SQLite: a file in WAL mode, opened the way idem opens it.
+
+use std::path::Path;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use idem_runtime::store::sqlite::open;
+use idem_runtime::{Engine, IdemError, IdempotencyKey, Operation, Policy, Problem, Scope, Via};
+use sqlx::{Sqlite, SqlitePool};
+
+use crate::pg::user_hash;
+use crate::target::{BoxFut, Target, REQUEST, STEP, TENANT};
+
+const BUSINESS: &str =
+    "INSERT INTO payments (tenant_id, amount_cents, currency) VALUES (?1, ?2, ?3) RETURNING id";
+
+const SCHEMA: &[&str] = &[
+    "CREATE TABLE IF NOT EXISTS payments (id INTEGER PRIMARY KEY, tenant_id TEXT NOT NULL, \
+     amount_cents INTEGER NOT NULL, currency TEXT NOT NULL, created_at INTEGER NOT NULL DEFAULT (unixepoch()))",
+    // The guide's table, with SQLite types (times in Unix milliseconds).
+    "CREATE TABLE IF NOT EXISTS seed_keys (client_id TEXT NOT NULL, idem_key TEXT NOT NULL, \
+     request_hash BLOB NOT NULL, status TEXT NOT NULL CHECK (status IN ('in_progress', 'completed')), \
+     response_code INTEGER, response_body TEXT, expires_at INTEGER NOT NULL, PRIMARY KEY (client_id, idem_key))",
+    "CREATE INDEX IF NOT EXISTS seed_keys_expires_idx ON seed_keys (expires_at)",
+];
+
+const SEED_CLAIM: &str =
+    "INSERT INTO seed_keys (client_id, idem_key, request_hash, status, expires_at) \
+     VALUES (?1, ?2, ?3, 'in_progress', ?4 + 86400000) \
+     ON CONFLICT (client_id, idem_key) DO UPDATE \
+       SET request_hash = excluded.request_hash, status = 'in_progress', \
+           response_code = NULL, response_body = NULL, expires_at = excluded.expires_at \
+       WHERE seed_keys.expires_at < ?4 \
+     RETURNING client_id";
+
+const SEED_COMPLETE: &str =
+    "UPDATE seed_keys SET status = 'completed', response_code = ?3, response_body = ?4 \
+     WHERE client_id = ?1 AND idem_key = ?2";
+
+fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+/// A SQLite file with its pool and engine.
+#[derive(Clone)]
+pub struct Lite {
+    /// The pool every scenario shares.
+    pub pool: SqlitePool,
+    /// The engine over that pool.
+    pub engine: Engine<Sqlite>,
+    version: String,
+    settings: Vec<(String, String)>,
+}
+
+impl Lite {
+    /// Opens (creating) the file at `path` with `connections`, migrates it.
+    pub async fn setup(path: &Path, connections: u32) -> Result<Self, String> {
+        let pool = open(path, &Policy::default(), connections)
+            .await
+            .map_err(|e| format!("open: {e}"))?;
+        let engine = Engine::new(pool.clone());
+        engine
+            .migrate()
+            .await
+            .map_err(|e| format!("migrate: {e}"))?;
+        for ddl in SCHEMA {
+            sqlx::query(ddl)
+                .execute(&pool)
+                .await
+                .map_err(|e| format!("{ddl}: {e}"))?;
+        }
+        let version: String = sqlx::query_scalar("SELECT sqlite_version()")
+            .fetch_one(&pool)
+            .await
+            .map_err(|e| e.to_string())?;
+        let journal: String = sqlx::query_scalar("PRAGMA journal_mode")
+            .fetch_one(&pool)
+            .await
+            .map_err(|e| e.to_string())?;
+        let synchronous: i64 = sqlx::query_scalar("PRAGMA synchronous")
+            .fetch_one(&pool)
+            .await
+            .map_err(|e| e.to_string())?;
+        let synchronous = match synchronous {
+            0 => "OFF",
+            1 => "NORMAL",
+            2 => "FULL",
+            _ => "EXTRA",
+        };
+        let settings = vec![
+            ("journal_mode".into(), journal),
+            ("synchronous".into(), synchronous.into()),
+            (
+                "busy_timeout".into(),
+                format!("{}ms", Policy::default().wait_timeout.as_millis()),
+            ),
+            ("test_before_acquire".into(), "false".into()),
+            ("pool_size".into(), connections.to_string()),
+        ];
+        Ok(Self {
+            pool,
+            engine,
+            version,
+            settings,
+        })
+    }
+}
+
+/// The business insert, for an engine closure.
+pub async fn business(conn: &mut sqlx::SqliteConnection, tenant: &str) -> Result<i64, Problem> {
+    let id = sqlx::query_scalar(BUSINESS)
+        .bind(tenant)
+        .bind(REQUEST.0)
+        .bind(REQUEST.1)
+        .fetch_one(conn)
+        .await?;
+    Ok(id)
+}
+
+/// One keyed operation through the engine.
+pub async fn keyed(engine: &Engine<Sqlite>, key: String, tenant: String) -> Result<Via, IdemError> {
+    let op = Operation::new(
+        Scope::tenant(TENANT),
+        IdempotencyKey::new(key).expect("valid key"),
+        STEP,
+        &REQUEST,
+    );
+    let done = engine
+        .run(&op, move |tx| {
+            Box::pin(async move { business(tx, &tenant).await })
+        })
+        .await?;
+    match done.value {
+        Ok(_) => Ok(done.via),
+        Err(problem) => panic!("business insert failed: {problem}"),
+    }
+}
+
+impl Target for Lite {
+    fn name(&self) -> &'static str {
+        "sqlite"
+    }
+
+    fn version(&self) -> String {
+        self.version.clone()
+    }
+
+    fn settings(&self) -> Vec<(String, String)> {
+        self.settings.clone()
+    }
+
+    fn unprotected(&self) -> BoxFut<Result<(), String>> {
+        let pool = self.pool.clone();
+        Box::pin(async move {
+            let mut tx = pool.begin().await.map_err(|e| e.to_string())?;
+            let _: i64 = sqlx::query_scalar(BUSINESS)
+                .bind(TENANT)
+                .bind(REQUEST.0)
+                .bind(REQUEST.1)
+                .fetch_one(&mut *tx)
+                .await
+                .map_err(|e| e.to_string())?;
+            tx.commit().await.map_err(|e| e.to_string())
+        })
+    }
+
+    fn seed_sql(&self, key: String) -> BoxFut<Result<(), String>> {
+        let pool = self.pool.clone();
+        Box::pin(async move {
+            let hash = user_hash();
+            let mut tx = pool.begin().await.map_err(|e| e.to_string())?;
+            let claimed: Option<String> = sqlx::query_scalar(SEED_CLAIM)
+                .bind(TENANT)
+                .bind(&key)
+                .bind(&hash)
+                .bind(now_ms())
+                .fetch_optional(&mut *tx)
+                .await
+                .map_err(|e| e.to_string())?;
+            if claimed.is_none() {
+                tx.rollback().await.map_err(|e| e.to_string())?;
+                return Err(format!("seed-sql: key {key} was not fresh"));
+            }
+            let id: i64 = sqlx::query_scalar(BUSINESS)
+                .bind(TENANT)
+                .bind(REQUEST.0)
+                .bind(REQUEST.1)
+                .fetch_one(&mut *tx)
+                .await
+                .map_err(|e| e.to_string())?;
+            sqlx::query(SEED_COMPLETE)
+                .bind(TENANT)
+                .bind(&key)
+                .bind(201i64)
+                .bind(format!("{{\"payment_id\": {id}}}"))
+                .execute(&mut *tx)
+                .await
+                .map_err(|e| e.to_string())?;
+            tx.commit().await.map_err(|e| e.to_string())
+        })
+    }
+
+    fn idem(&self, key: String, tenant: String) -> BoxFut<Result<Via, IdemError>> {
+        let engine = self.engine.clone();
+        Box::pin(async move { keyed(&engine, key, tenant).await })
+    }
+
+    fn payments_for(&self, tenant: String) -> BoxFut<Result<i64, String>> {
+        let pool = self.pool.clone();
+        Box::pin(async move {
+            sqlx::query_scalar("SELECT count(*) FROM payments WHERE tenant_id = ?1")
+                .bind(tenant)
+                .fetch_one(&pool)
+                .await
+                .map_err(|e| e.to_string())
+        })
+    }
+}

@@ -1,0 +1,270 @@
+//! `idem-bench`: idem against the unprotected write and the guide's
+//! hand-written SQL, side by side, in one run, on a throwaway Postgres and a
+//! SQLite file.
+//!
+//! ```text
+//! cargo run --release -p idem-bench -- [--smoke | --quick] [--rounds N] [--ops N]
+//!     [--growth] [--out docs/bench-results.json] [--svg docs/bench.svg] [--md FILE]
+//! ```
+//!
+//! See `docs/BENCHMARKS.md`.
+
+mod alloc;
+mod fingerprint;
+mod growth;
+mod handler;
+mod lite;
+mod measure;
+mod pg;
+mod report;
+mod storm;
+mod svg;
+mod target;
+mod throughput;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use idem_runtime::test_support::PgServer;
+
+use report::{BackendReport, Report};
+use target::Target;
+use throughput::Scenario;
+
+#[global_allocator]
+static GLOBAL: alloc::Counting = alloc::Counting;
+
+/// Sizes of one run.
+#[derive(Debug, Clone)]
+struct Config {
+    mode: &'static str,
+    rounds: usize,
+    ops: u64,
+    clients: Vec<usize>,
+    storm_keys: usize,
+    storm_attempts: usize,
+    fingerprint_iterations: u64,
+    growth: Option<(Vec<u64>, u64, Duration)>,
+    out: Option<String>,
+    svg: Option<String>,
+    md: Option<String>,
+}
+
+fn parse_args() -> Result<Config, String> {
+    let mut cfg = Config {
+        mode: "full",
+        rounds: 3,
+        ops: 3000,
+        clients: vec![1, 8, 32],
+        storm_keys: 30,
+        storm_attempts: 64,
+        fingerprint_iterations: 200_000,
+        growth: None,
+        out: None,
+        svg: None,
+        md: None,
+    };
+    let mut growth = false;
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        let mut value = |name: &str| args.next().ok_or(format!("{name} needs a value"));
+        match a.as_str() {
+            "--smoke" => {
+                cfg.mode = "smoke";
+                cfg.rounds = 1;
+                cfg.ops = 60;
+                cfg.storm_keys = 2;
+                cfg.storm_attempts = 16;
+                cfg.fingerprint_iterations = 2_000;
+                cfg.growth = Some((vec![0, 1_000, 5_000], 2_000, Duration::from_secs(10)));
+            }
+            "--quick" => {
+                cfg.mode = "quick";
+                cfg.rounds = 1;
+                cfg.ops = 1000;
+                cfg.storm_keys = 10;
+            }
+            "--growth" => growth = true,
+            "--rounds" => {
+                cfg.rounds = value("--rounds")?
+                    .parse()
+                    .map_err(|e| format!("--rounds: {e}"))?
+            }
+            "--ops" => cfg.ops = value("--ops")?.parse().map_err(|e| format!("--ops: {e}"))?,
+            "--out" => cfg.out = Some(value("--out")?),
+            "--svg" => cfg.svg = Some(value("--svg")?),
+            "--md" => cfg.md = Some(value("--md")?),
+            "--bench" => {} // passed by `cargo bench`
+            "-h" | "--help" => {
+                println!(
+                    "idem-bench [--smoke | --quick] [--rounds N] [--ops N] [--growth] [--out FILE.json] [--svg FILE.svg] [--md FILE.md]"
+                );
+                std::process::exit(0);
+            }
+            other => return Err(format!("unknown argument {other}")),
+        }
+    }
+    if growth && cfg.mode != "smoke" {
+        cfg.growth = Some((
+            vec![0, 1_000_000, 5_000_000],
+            1_000_000,
+            Duration::from_secs(60),
+        ));
+    }
+    Ok(cfg)
+}
+
+async fn backend(
+    target: Arc<dyn Target>,
+    cfg: &Config,
+    scenarios: &[Scenario],
+    run_id: &str,
+) -> Result<BackendReport, String> {
+    eprintln!("== {} {} ==", target.name(), target.version());
+    let cells = throughput::run(
+        target.clone(),
+        scenarios,
+        &cfg.clients,
+        cfg.ops,
+        cfg.rounds,
+        run_id,
+    )
+    .await?;
+    let storm = storm::run(target.clone(), cfg.storm_keys, cfg.storm_attempts, run_id).await?;
+    eprintln!(
+        "  storm: {} keys x {}: p50 {:.1} ms, p99 {:.1} ms, executed {}, replayed {}, 409 {}",
+        storm.keys,
+        storm.attempts_per_key,
+        storm.p50_ms,
+        storm.p99_ms,
+        storm.executed,
+        storm.replayed,
+        storm.in_progress
+    );
+    Ok(BackendReport {
+        backend: target.name().into(),
+        version: target.version(),
+        settings: target.settings(),
+        cells,
+        storm: Some(storm),
+    })
+}
+
+async fn run(cfg: Config) -> Result<Report, String> {
+    let started = Instant::now();
+    let cores = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
+    eprintln!(
+        "idem-bench: mode {}, {cores} cores, {} rounds",
+        cfg.mode, cfg.rounds
+    );
+
+    // First, while nothing else runs: the allocation counter is process-wide.
+    let fp = fingerprint::run(cfg.fingerprint_iterations);
+    for c in &fp.costs {
+        eprintln!(
+            "  fingerprint {}: {:.0} ns, {:.2} allocs",
+            c.name, c.ns_per_call, c.allocs_per_call
+        );
+    }
+
+    let mut scenarios = vec![
+        Scenario::Unprotected,
+        Scenario::SeedSql,
+        Scenario::Idem,
+        Scenario::Replay,
+    ];
+    if handler::AVAILABLE {
+        scenarios.insert(3, Scenario::IdemMacro);
+    }
+    let connections = cfg
+        .clients
+        .iter()
+        .copied()
+        .max()
+        .unwrap_or(8)
+        .max(cfg.storm_attempts / 2) as u32;
+    let run_id = format!("b{}", std::process::id());
+
+    let server = PgServer::start(pg::SETTINGS).map_err(|e| format!("starting Postgres: {e}"))?;
+    let pg = pg::Pg::setup(&server, connections).await?;
+    let mut backends = vec![backend(Arc::new(pg.clone()), &cfg, &scenarios, &run_id).await?];
+
+    let dir = tempfile::Builder::new()
+        .prefix("idem-bench-")
+        .tempdir()
+        .map_err(|e| e.to_string())?;
+    let lite = lite::Lite::setup(&dir.path().join("bench.db"), connections).await?;
+    backends.push(backend(Arc::new(lite), &cfg, &scenarios, &run_id).await?);
+
+    let growth = match &cfg.growth {
+        Some((sizes, purge_rows, limit)) => {
+            eprintln!("== growth (postgres) ==");
+            let fresh = pg::Pg::setup(&server, connections).await?;
+            let ops = cfg.ops.min(2000);
+            Some(
+                growth::run(
+                    &fresh,
+                    sizes,
+                    *purge_rows,
+                    8,
+                    ops,
+                    cfg.rounds,
+                    *limit,
+                    &run_id,
+                )
+                .await?,
+            )
+        }
+        None => None,
+    };
+
+    let ratios = report::ratios(&backends, &cfg.clients);
+    eprintln!("done in {:.0}s", started.elapsed().as_secs_f64());
+    Ok(Report {
+        mode: cfg.mode.into(),
+        cores,
+        rounds: cfg.rounds,
+        ops: cfg.ops,
+        backends,
+        ratios,
+        fingerprint: Some(fp),
+        growth,
+    })
+}
+
+fn main() {
+    let cfg = match parse_args() {
+        Ok(cfg) => cfg,
+        Err(e) => {
+            eprintln!("idem-bench: {e}");
+            std::process::exit(2);
+        }
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    let (out, svg_path, md_path) = (cfg.out.clone(), cfg.svg.clone(), cfg.md.clone());
+    let report = match runtime.block_on(run(cfg)) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("idem-bench failed: {e}");
+            std::process::exit(1);
+        }
+    };
+    let md = report::markdown(&report);
+    println!("{md}");
+    let write = |path: &Option<String>, text: String| {
+        if let Some(path) = path {
+            if let Err(e) = std::fs::write(path, text) {
+                eprintln!("idem-bench: writing {path}: {e}");
+                std::process::exit(1);
+            }
+        }
+    };
+    write(&out, serde_json::to_string_pretty(&report).expect("json"));
+    write(&svg_path, svg::chart(&report));
+    write(&md_path, md);
+}

@@ -1,0 +1,219 @@
+//! Postgres: a throwaway cluster with durable, as-shipped settings.
+
+use idem_runtime::store::postgres::pool_options;
+use idem_runtime::test_support::PgServer;
+use idem_runtime::{Engine, IdemError, IdempotencyKey, Operation, Policy, Problem, Scope, Via};
+use sha2::{Digest, Sha256};
+use sqlx::postgres::PgConnectOptions;
+use sqlx::{PgPool, Postgres};
+
+use crate::target::{BoxFut, Target, REQUEST, STEP, TENANT};
+
+/// Durable settings, as Postgres ships them, stated explicitly for the report.
+pub const SETTINGS: &[(&str, &str)] = &[
+    ("fsync", "on"),
+    ("synchronous_commit", "on"),
+    ("full_page_writes", "on"),
+];
+
+const BUSINESS: &str =
+    "INSERT INTO payments (tenant_id, amount_cents, currency) VALUES ($1, $2, $3) RETURNING id";
+
+const SCHEMA: &[&str] = &[
+    "CREATE TABLE IF NOT EXISTS payments (id bigserial PRIMARY KEY, tenant_id text NOT NULL, \
+     amount_cents bigint NOT NULL, currency text NOT NULL, created_at timestamptz NOT NULL DEFAULT now())",
+    // The guide's table, verbatim in shape.
+    "CREATE TABLE IF NOT EXISTS seed_keys (client_id text NOT NULL, idem_key text NOT NULL, \
+     request_hash bytea NOT NULL, status text NOT NULL CHECK (status IN ('in_progress', 'completed')), \
+     response_code int, response_body jsonb, \
+     expires_at timestamptz NOT NULL DEFAULT now() + interval '24 hours', PRIMARY KEY (client_id, idem_key))",
+    "CREATE INDEX IF NOT EXISTS seed_keys_expires_idx ON seed_keys (expires_at)",
+];
+
+const SEED_CLAIM: &str = "INSERT INTO seed_keys (client_id, idem_key, request_hash, status) \
+     VALUES ($1, $2, $3, 'in_progress') \
+     ON CONFLICT (client_id, idem_key) DO UPDATE \
+       SET request_hash = EXCLUDED.request_hash, status = 'in_progress', \
+           response_code = NULL, response_body = NULL, expires_at = now() + interval '24 hours' \
+       WHERE seed_keys.expires_at < now() \
+     RETURNING client_id";
+
+const SEED_COMPLETE: &str =
+    "UPDATE seed_keys SET status = 'completed', response_code = $3, response_body = $4::jsonb \
+     WHERE client_id = $1 AND idem_key = $2";
+
+/// A database on the throwaway server, with its pool and engine.
+#[derive(Clone)]
+pub struct Pg {
+    /// The pool every scenario shares.
+    pub pool: PgPool,
+    /// The engine over that pool.
+    pub engine: Engine<Postgres>,
+    version: String,
+    settings: Vec<(String, String)>,
+}
+
+impl Pg {
+    /// Creates a fresh database on `server`, migrates it and opens a pool of `connections`.
+    pub async fn setup(server: &PgServer, connections: u32) -> Result<Self, String> {
+        let url = server.fresh_database().await;
+        let options: PgConnectOptions = url.parse().map_err(|e| format!("{e}"))?;
+        let pool = pool_options(&Policy::default(), connections)
+            .connect_with(options)
+            .await
+            .map_err(|e| format!("connect: {e}"))?;
+        let engine = Engine::new(pool.clone());
+        engine
+            .migrate()
+            .await
+            .map_err(|e| format!("migrate: {e}"))?;
+        for ddl in SCHEMA {
+            sqlx::query(ddl)
+                .execute(&pool)
+                .await
+                .map_err(|e| format!("{ddl}: {e}"))?;
+        }
+        let mut settings = Vec::new();
+        for name in [
+            "fsync",
+            "synchronous_commit",
+            "full_page_writes",
+            "shared_buffers",
+            "wal_level",
+        ] {
+            let value: String = sqlx::query_scalar(&format!("SHOW {name}"))
+                .fetch_one(&pool)
+                .await
+                .map_err(|e| format!("SHOW {name}: {e}"))?;
+            settings.push((name.to_string(), value));
+        }
+        settings.push(("test_before_acquire".into(), "false".into()));
+        settings.push(("pool_size".into(), connections.to_string()));
+        Ok(Self {
+            pool,
+            engine,
+            version: server.version().await,
+            settings,
+        })
+    }
+}
+
+/// What a careful user hashes a request with: serde_json + SHA-256.
+pub fn user_hash() -> Vec<u8> {
+    let body = serde_json::to_vec(&REQUEST).expect("serialize");
+    Sha256::digest(body).to_vec()
+}
+
+/// The business insert, for an engine closure.
+pub async fn business(conn: &mut sqlx::PgConnection, tenant: &str) -> Result<i64, Problem> {
+    let id = sqlx::query_scalar(BUSINESS)
+        .bind(tenant)
+        .bind(REQUEST.0)
+        .bind(REQUEST.1)
+        .fetch_one(conn)
+        .await?;
+    Ok(id)
+}
+
+/// One keyed operation through the engine.
+pub async fn keyed(
+    engine: &Engine<Postgres>,
+    key: String,
+    tenant: String,
+) -> Result<Via, IdemError> {
+    let op = Operation::new(
+        Scope::tenant(TENANT),
+        IdempotencyKey::new(key).expect("valid key"),
+        STEP,
+        &REQUEST,
+    );
+    let done = engine
+        .run(&op, move |tx| {
+            Box::pin(async move { business(tx, &tenant).await })
+        })
+        .await?;
+    match done.value {
+        Ok(_) => Ok(done.via),
+        Err(problem) => panic!("business insert failed: {problem}"),
+    }
+}
+
+impl Target for Pg {
+    fn name(&self) -> &'static str {
+        "postgres"
+    }
+
+    fn version(&self) -> String {
+        self.version.clone()
+    }
+
+    fn settings(&self) -> Vec<(String, String)> {
+        self.settings.clone()
+    }
+
+    fn unprotected(&self) -> BoxFut<Result<(), String>> {
+        let pool = self.pool.clone();
+        Box::pin(async move {
+            let mut tx = pool.begin().await.map_err(|e| e.to_string())?;
+            let _: i64 = sqlx::query_scalar(BUSINESS)
+                .bind(TENANT)
+                .bind(REQUEST.0)
+                .bind(REQUEST.1)
+                .fetch_one(&mut *tx)
+                .await
+                .map_err(|e| e.to_string())?;
+            tx.commit().await.map_err(|e| e.to_string())
+        })
+    }
+
+    fn seed_sql(&self, key: String) -> BoxFut<Result<(), String>> {
+        let pool = self.pool.clone();
+        Box::pin(async move {
+            let hash = user_hash();
+            let mut tx = pool.begin().await.map_err(|e| e.to_string())?;
+            let claimed: Option<String> = sqlx::query_scalar(SEED_CLAIM)
+                .bind(TENANT)
+                .bind(&key)
+                .bind(&hash)
+                .fetch_optional(&mut *tx)
+                .await
+                .map_err(|e| e.to_string())?;
+            if claimed.is_none() {
+                tx.rollback().await.map_err(|e| e.to_string())?;
+                return Err(format!("seed-sql: key {key} was not fresh"));
+            }
+            let id: i64 = sqlx::query_scalar(BUSINESS)
+                .bind(TENANT)
+                .bind(REQUEST.0)
+                .bind(REQUEST.1)
+                .fetch_one(&mut *tx)
+                .await
+                .map_err(|e| e.to_string())?;
+            sqlx::query(SEED_COMPLETE)
+                .bind(TENANT)
+                .bind(&key)
+                .bind(201i32)
+                .bind(format!("{{\"payment_id\": {id}}}"))
+                .execute(&mut *tx)
+                .await
+                .map_err(|e| e.to_string())?;
+            tx.commit().await.map_err(|e| e.to_string())
+        })
+    }
+
+    fn idem(&self, key: String, tenant: String) -> BoxFut<Result<Via, IdemError>> {
+        let engine = self.engine.clone();
+        Box::pin(async move { keyed(&engine, key, tenant).await })
+    }
+
+    fn payments_for(&self, tenant: String) -> BoxFut<Result<i64, String>> {
+        let pool = self.pool.clone();
+        Box::pin(async move {
+            sqlx::query_scalar("SELECT count(*) FROM payments WHERE tenant_id = $1")
+                .bind(tenant)
+                .fetch_one(&pool)
+                .await
+                .map_err(|e| e.to_string())
+        })
+    }
+}

@@ -1,0 +1,241 @@
+//! The results: one JSON document, and the same as markdown tables.
+
+use std::fmt::Write as _;
+
+use serde::Serialize;
+
+use crate::fingerprint::FingerprintResult;
+use crate::growth::GrowthResult;
+use crate::storm::StormResult;
+use crate::throughput::Cell;
+
+/// One backend's results.
+#[derive(Debug, Clone, Serialize)]
+pub struct BackendReport {
+    /// `postgres` or `sqlite`.
+    pub backend: String,
+    /// Server or library version.
+    pub version: String,
+    /// Durability and pool settings in force.
+    pub settings: Vec<(String, String)>,
+    /// Median throughput and latency per (scenario, clients).
+    pub cells: Vec<Cell>,
+    /// The duplicate storm.
+    pub storm: Option<StormResult>,
+}
+
+/// A ratio against its target.
+#[derive(Debug, Clone, Serialize)]
+pub struct Ratio {
+    /// e.g. `idem / unprotected`.
+    pub name: String,
+    /// Backend.
+    pub backend: String,
+    /// Clients.
+    pub clients: usize,
+    /// Throughput ratio.
+    pub value: f64,
+    /// The target, if this cell has one.
+    pub target: Option<f64>,
+}
+
+/// Everything one run measured.
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    /// `smoke`, `quick` or `full`.
+    pub mode: String,
+    /// Logical cores.
+    pub cores: usize,
+    /// Rounds per cell (the figures are medians over them).
+    pub rounds: usize,
+    /// Operations per measurement at 8+ clients (a third at 1 client).
+    pub ops: u64,
+    /// Per backend.
+    pub backends: Vec<BackendReport>,
+    /// The ratios.
+    pub ratios: Vec<Ratio>,
+    /// The fingerprint scenario.
+    pub fingerprint: Option<FingerprintResult>,
+    /// Growth and purge (Postgres).
+    pub growth: Option<GrowthResult>,
+}
+
+fn throughput(b: &BackendReport, scenario: &str, clients: usize) -> Option<f64> {
+    b.cells
+        .iter()
+        .find(|c| c.scenario == scenario && c.clients == clients)
+        .map(|c| c.throughput)
+}
+
+/// The ratios the issue asks for, with their targets.
+pub fn ratios(backends: &[BackendReport], clients: &[usize]) -> Vec<Ratio> {
+    let mut out = Vec::new();
+    for b in backends {
+        for &c in clients {
+            let mut push = |name: &str, num: &str, den: &str, target: Option<f64>| {
+                if let (Some(n), Some(d)) = (throughput(b, num, c), throughput(b, den, c)) {
+                    out.push(Ratio {
+                        name: name.into(),
+                        backend: b.backend.clone(),
+                        clients: c,
+                        value: n / d,
+                        target,
+                    });
+                }
+            };
+            push(
+                "idem / unprotected",
+                "idem",
+                "unprotected",
+                (c >= 8).then_some(0.85),
+            );
+            push(
+                "idem / seed-sql",
+                "idem",
+                "seed-sql",
+                (c == 8 && b.backend == "postgres").then_some(1.4),
+            );
+            push("idem-macro / idem", "idem-macro", "idem", Some(0.98));
+            push("replay / unprotected", "replay", "unprotected", Some(2.5));
+            push("seed-sql / unprotected", "seed-sql", "unprotected", None);
+        }
+    }
+    out
+}
+
+/// Markdown tables of the whole report.
+pub fn markdown(r: &Report) -> String {
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "Mode `{}`, {} cores, medians of {} rounds, {} ops per cell ({} at 1 client).\n",
+        r.mode,
+        r.cores,
+        r.rounds,
+        r.ops,
+        crate::throughput::ops_for(r.ops, 1)
+    );
+    for b in &r.backends {
+        let settings: Vec<String> = b.settings.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        let _ = writeln!(
+            s,
+            "**{}** {} ({})\n",
+            b.backend,
+            b.version,
+            settings.join(", ")
+        );
+        let _ = writeln!(
+            s,
+            "| scenario | clients | ops/s | p50 µs | p99 µs | × unprotected | rounds (ops/s) |"
+        );
+        let _ = writeln!(s, "|---|---:|---:|---:|---:|---:|---|");
+        for c in &b.cells {
+            let base = throughput(b, "unprotected", c.clients).unwrap_or(f64::NAN);
+            let rounds: Vec<String> = c.rounds.iter().map(|x| format!("{x:.0}")).collect();
+            let _ = writeln!(
+                s,
+                "| {} | {} | {:.0} | {:.0} | {:.0} | {:.2} | {}{} |",
+                c.scenario,
+                c.clients,
+                c.throughput,
+                c.p50_us,
+                c.p99_us,
+                c.throughput / base,
+                rounds.join(" / "),
+                if c.errors > 0 {
+                    format!(" ({} errors)", c.errors)
+                } else {
+                    String::new()
+                }
+            );
+        }
+        s.push('\n');
+    }
+    let _ = writeln!(s, "| ratio | backend | clients | value | target | met |");
+    let _ = writeln!(s, "|---|---|---:|---:|---:|---|");
+    for x in &r.ratios {
+        let (target, met) = match x.target {
+            Some(t) => (
+                format!("≥ {t}"),
+                if x.value >= t { "yes" } else { "**no**" },
+            ),
+            None => ("–".into(), "–"),
+        };
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} | {:.2} | {} | {} |",
+            x.name, x.backend, x.clients, x.value, target, met
+        );
+    }
+    s.push('\n');
+    let storms: Vec<&BackendReport> = r.backends.iter().filter(|b| b.storm.is_some()).collect();
+    if !storms.is_empty() {
+        let _ = writeln!(s, "| storm | keys × attempts | per-key p50 ms | per-key p99 ms | executed | replayed | 409 | errors |");
+        let _ = writeln!(s, "|---|---|---:|---:|---:|---:|---:|---:|");
+        for b in storms {
+            let t = b.storm.as_ref().expect("filtered");
+            let _ = writeln!(
+                s,
+                "| {} | {} × {} | {:.1} | {:.1} | {} | {} | {} | {} |",
+                b.backend,
+                t.keys,
+                t.attempts_per_key,
+                t.p50_ms,
+                t.p99_ms,
+                t.executed,
+                t.replayed,
+                t.in_progress,
+                t.errors
+            );
+        }
+        s.push('\n');
+    }
+    if let Some(f) = &r.fingerprint {
+        let _ = writeln!(s, "| fingerprint | ns/call | allocations/call |");
+        let _ = writeln!(s, "|---|---:|---:|");
+        for c in &f.costs {
+            let _ = writeln!(
+                s,
+                "| {} | {:.0} | {:.2} |",
+                c.name, c.ns_per_call, c.allocs_per_call
+            );
+        }
+        let _ = writeln!(
+            s,
+            "\nserde_json + SHA-256 / idem fingerprint: **{:.2}×** (target ≥ 3×)\n",
+            f.speedup
+        );
+    }
+    if let Some(g) = &r.growth {
+        let _ = writeln!(s, "| key table rows (postgres, {} clients) | idem ops/s | × at 0 rows | idem p99 µs | replay ops/s |", g.clients);
+        let _ = writeln!(s, "|---:|---:|---:|---:|---:|");
+        let base = g.points.first().map(|p| p.idem).unwrap_or(f64::NAN);
+        for p in &g.points {
+            let _ = writeln!(
+                s,
+                "| {} | {:.0} | {:.2} | {:.0} | {:.0} |",
+                p.rows,
+                p.idem,
+                p.idem / base,
+                p.idem_p99_us,
+                p.replay
+            );
+        }
+        let p = &g.purge;
+        let _ = writeln!(
+            s,
+            "\npurge_expired (batch {}): {} of {} expired rows in {:.1}s = **{:.0} rows/s**; claims p99 {:.0} µs during vs {:.0} µs without (**{:.2}×**, target ≤ 1.5×); claims {:.0} ops/s during vs {:.0} without.\n",
+            p.batch,
+            p.purged,
+            p.expired_rows,
+            p.secs,
+            p.rows_per_sec,
+            p.claims_p99_us_during,
+            p.claims_p99_us_without,
+            p.claims_p99_us_during / p.claims_p99_us_without,
+            p.claims_throughput_during,
+            p.claims_throughput_without
+        );
+    }
+    s
+}

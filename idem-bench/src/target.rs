@@ -1,0 +1,37 @@
+//! What every backend offers the scenarios: one operation of each kind.
+
+use std::future::Future;
+use std::pin::Pin;
+
+use idem_runtime::{IdemError, Via};
+
+/// A boxed, owned future.
+pub type BoxFut<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
+
+/// The tenant every throughput scenario writes payments for.
+pub const TENANT: &str = "t1";
+
+/// The step every keyed scenario runs.
+pub const STEP: &str = "charge-card.v1";
+
+/// One database, set up with the payments table, idem's migrations and the
+/// guide's key table, and the same pool for every scenario.
+pub trait Target: Send + Sync + 'static {
+    /// `postgres` or `sqlite`.
+    fn name(&self) -> &'static str;
+    /// Server or library version.
+    fn version(&self) -> String;
+    /// The durability settings in force, for the report.
+    fn settings(&self) -> Vec<(String, String)>;
+    /// `BEGIN; INSERT INTO payments …; COMMIT`: the floor.
+    fn unprotected(&self) -> BoxFut<Result<(), String>>;
+    /// The guide's claim → business insert → completion UPDATE → COMMIT.
+    fn seed_sql(&self, key: String) -> BoxFut<Result<(), String>>;
+    /// The same business insert through `Engine::run`, for `tenant`.
+    fn idem(&self, key: String, tenant: String) -> BoxFut<Result<Via, IdemError>>;
+    /// Payments written for `tenant` (to check a storm ran each key once).
+    fn payments_for(&self, tenant: String) -> BoxFut<Result<i64, String>>;
+}
+
+/// The request every keyed scenario sends (amount in cents, currency).
+pub const REQUEST: (i64, &str) = (2500, "EUR");

@@ -1,0 +1,185 @@
+//! The side-by-side throughput scenarios: unprotected, seed-sql, idem,
+//! idem-macro and replay, at several client counts, in interleaved rounds.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use idem_runtime::Via;
+use serde::Serialize;
+
+use crate::measure::{drive, median, op, OpFn, Sample};
+use crate::target::{Target, TENANT};
+
+/// A throughput scenario.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Scenario {
+    /// `BEGIN; INSERT; COMMIT`.
+    Unprotected,
+    /// The guide's hand-written SQL.
+    SeedSql,
+    /// The engine API.
+    Idem,
+    /// An `#[idempotent]` handler.
+    IdemMacro,
+    /// Repeats of completed keys.
+    Replay,
+}
+
+impl Scenario {
+    /// The name in tables and JSON.
+    pub fn label(self) -> &'static str {
+        match self {
+            Scenario::Unprotected => "unprotected",
+            Scenario::SeedSql => "seed-sql",
+            Scenario::Idem => "idem",
+            Scenario::IdemMacro => "idem-macro",
+            Scenario::Replay => "replay",
+        }
+    }
+}
+
+/// The medians over rounds of one (scenario, clients) cell.
+#[derive(Debug, Clone, Serialize)]
+pub struct Cell {
+    /// The scenario.
+    pub scenario: &'static str,
+    /// Concurrent clients.
+    pub clients: usize,
+    /// Median throughput over rounds, operations per second.
+    pub throughput: f64,
+    /// Median p50 latency, microseconds.
+    pub p50_us: f64,
+    /// Median p99 latency, microseconds.
+    pub p99_us: f64,
+    /// Every round's throughput, in order.
+    pub rounds: Vec<f64>,
+    /// Errors over all rounds.
+    pub errors: u64,
+}
+
+/// Builds the operation for `scenario`. Keys are unique per run via `prefix`;
+/// a replay run reuses the keys its preparation completed.
+fn scenario_op(target: &Arc<dyn Target>, scenario: Scenario, prefix: String) -> OpFn {
+    let t = target.clone();
+    match scenario {
+        Scenario::Unprotected => op(move |_| t.unprotected()),
+        Scenario::SeedSql => op(move |i| t.seed_sql(format!("{prefix}-{i}"))),
+        Scenario::Idem | Scenario::IdemMacro => {
+            let macro_path = scenario == Scenario::IdemMacro;
+            op(move |i| {
+                let key = format!("{prefix}-{i}");
+                let fut = if macro_path {
+                    crate::handler::run(&t, key)
+                } else {
+                    t.idem(key, TENANT.to_string())
+                };
+                async move {
+                    match fut.await {
+                        Ok(Via::Executed) => Ok(()),
+                        Ok(via) => Err(format!("fresh key answered via {}", via.label())),
+                        Err(e) => Err(e.to_string()),
+                    }
+                }
+            })
+        }
+        Scenario::Replay => op(move |i| {
+            let fut = t.idem(format!("{prefix}-{i}"), TENANT.to_string());
+            async move {
+                match fut.await {
+                    Ok(Via::Replayed) => Ok(()),
+                    Ok(via) => Err(format!("completed key answered via {}", via.label())),
+                    Err(e) => Err(e.to_string()),
+                }
+            }
+        }),
+    }
+}
+
+/// How many operations one measurement runs at `clients`.
+pub fn ops_for(base: u64, clients: usize) -> u64 {
+    if clients <= 1 {
+        (base / 3).max(5)
+    } else {
+        base
+    }
+}
+
+/// Runs every scenario at every client count, `rounds` times (rotating the
+/// scenario order each round), and returns the medians.
+pub async fn run(
+    target: Arc<dyn Target>,
+    scenarios: &[Scenario],
+    clients: &[usize],
+    base_ops: u64,
+    rounds: usize,
+    run_id: &str,
+) -> Result<Vec<Cell>, String> {
+    let mut samples: BTreeMap<(Scenario, usize), Vec<Sample>> = BTreeMap::new();
+    // Warm up the pool and the statement caches.
+    for &s in scenarios {
+        let (_, err) = drive(
+            4,
+            40,
+            scenario_op(&target, s, format!("{run_id}-warm-{}", s.label())),
+        )
+        .await;
+        if s == Scenario::Replay {
+            continue;
+        }
+        if let Some(e) = err {
+            return Err(format!("{} warm-up on {}: {e}", s.label(), target.name()));
+        }
+    }
+    for round in 0..rounds {
+        for &c in clients {
+            let ops = ops_for(base_ops, c);
+            let mut order = scenarios.to_vec();
+            let shift = round % order.len().max(1);
+            order.rotate_left(shift);
+            for s in order {
+                let prefix = format!("{run_id}-{}-r{round}-c{c}", s.label());
+                if s == Scenario::Replay {
+                    // Complete the keys first (not timed), then repeat them.
+                    let (_, err) =
+                        drive(c, ops, scenario_op(&target, Scenario::Idem, prefix.clone())).await;
+                    if let Some(e) = err {
+                        return Err(format!("replay preparation on {}: {e}", target.name()));
+                    }
+                }
+                let (sample, err) = drive(c, ops, scenario_op(&target, s, prefix)).await;
+                if let Some(e) = &err {
+                    eprintln!(
+                        "  {} {} c={c}: {} errors, first: {e}",
+                        target.name(),
+                        s.label(),
+                        sample.errors
+                    );
+                }
+                eprintln!(
+                    "  {:8} {:12} c={:<2} round {}: {:>8.0} ops/s  p50 {:>7.0} us  p99 {:>7.0} us",
+                    target.name(),
+                    s.label(),
+                    c,
+                    round + 1,
+                    sample.throughput,
+                    sample.p50_us,
+                    sample.p99_us
+                );
+                samples.entry((s, c)).or_default().push(sample);
+            }
+        }
+    }
+    Ok(samples
+        .into_iter()
+        .map(|((s, c), v)| Cell {
+            scenario: s.label(),
+            clients: c,
+            throughput: median(&v.iter().map(|x| x.throughput).collect::<Vec<_>>()),
+            p50_us: median(&v.iter().map(|x| x.p50_us).collect::<Vec<_>>()),
+            p99_us: median(&v.iter().map(|x| x.p99_us).collect::<Vec<_>>()),
+            rounds: v.iter().map(|x| x.throughput).collect(),
+            errors: v.iter().map(|x| x.errors).sum(),
+        })
+        .collect())
+}
