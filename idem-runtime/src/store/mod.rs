@@ -96,6 +96,22 @@ pub trait Backend: sqlx::Database + Sized {
         policy: &'a Policy,
     ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'a;
 
+    /// Writes the completed record and commits `tx`. The default is
+    /// [`Backend::write_completed`] then `COMMIT`; a backend may send both in
+    /// one round trip.
+    #[doc(hidden)]
+    fn commit_completed<'a>(
+        mut tx: Transaction<'static, Self>,
+        op: &'a Operation,
+        response: &'a StoredResponse,
+        policy: &'a Policy,
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'a {
+        async move {
+            Self::write_completed(&mut tx, op, response, policy).await?;
+            tx.commit().await
+        }
+    }
+
     /// Writes an `in_progress` record owned by `token` (durable claims).
     #[doc(hidden)]
     fn write_in_progress<'a>(
@@ -126,11 +142,16 @@ pub trait Backend: sqlx::Database + Sized {
 
     /// Deletes up to `batch` expired records by primary key; returns how many went.
     #[doc(hidden)]
-    fn purge_batch(pool: &Pool<Self>, batch: u32) -> impl Future<Output = Result<u64, sqlx::Error>> + Send + '_;
+    fn purge_batch(
+        pool: &Pool<Self>,
+        batch: u32,
+    ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send + '_;
 
     /// The distinct steps that still have unexpired records.
     #[doc(hidden)]
-    fn live_steps(pool: &Pool<Self>) -> impl Future<Output = Result<Vec<String>, sqlx::Error>> + Send + '_;
+    fn live_steps(
+        pool: &Pool<Self>,
+    ) -> impl Future<Output = Result<Vec<String>, sqlx::Error>> + Send + '_;
 
     /// Whether `error` means "the key's lock is held by another attempt".
     #[doc(hidden)]
