@@ -226,6 +226,28 @@ impl<DB: Backend> Engine<DB> {
                 Err(error) => return self.store_down(op, &policy, error).await,
             }
         }
+        if DB::CHECK_IN_BEGIN {
+            match DB::begin_checked(&self.pool, op, &policy).await {
+                // No unexpired record: the key is ours, with nothing to read.
+                Ok(tx) => return self.claimed(tx, op, policy, Via::Executed).await,
+                // A record exists: answer from a lock-free read when it is a
+                // replay or a refusal (both only ever change by expiring, which
+                // `decide` checks); otherwise (an expired lock to take over, or
+                // a record that expired meanwhile) take the locked path below.
+                Err(error) if DB::is_record_present(&error) => {
+                    match DB::lookup_unlocked(&self.pool, op).await {
+                        Ok(record) => match decide(record, op) {
+                            Decision::Execute(_) => {}
+                            Decision::Replay(stored) => return Ok(Claim::Replay(stored)),
+                            Decision::Refuse(error) => return Err(error),
+                        },
+                        Err(error) => return self.store_down(op, &policy, error).await,
+                    }
+                }
+                Err(error) if DB::is_lock_busy(&error) => return Err(in_progress_unknown()),
+                Err(error) => return self.store_down(op, &policy, error).await,
+            }
+        }
         let mut tx = match DB::begin_claim(&self.pool, op, &policy).await {
             Ok(tx) => tx,
             Err(error) if DB::is_lock_busy(&error) => return Err(in_progress_unknown()),
@@ -240,6 +262,18 @@ impl<DB: Backend> Engine<DB> {
             Decision::Replay(stored) => return Ok(Claim::Replay(stored)),
             Decision::Refuse(error) => return Err(error),
         };
+        self.claimed(tx, op, policy, via).await
+    }
+
+    /// Wraps an owned claim's transaction in its guard, committing a durable
+    /// `in_progress` record first when the policy asks for one.
+    async fn claimed(
+        &self,
+        tx: Transaction<'static, DB>,
+        op: &Operation,
+        policy: Policy,
+        via: Via,
+    ) -> Result<Claim<DB>, IdemError> {
         let mut guard = ClaimGuard {
             tx,
             op: op.clone(),
@@ -288,7 +322,7 @@ impl<DB: Backend> Engine<DB> {
                 via: Via::FailedOpen,
                 token: None,
                 pool: self.pool.clone(),
-            })),
+                })),
             Err(error) => Err(unavailable(policy, error)),
         }
     }

@@ -99,10 +99,21 @@ const COMPLETE_CLAIM: &str =
        expires_at = now() + $7 * interval '1 millisecond' \
      WHERE scope = $1 AND key = $2 AND claim_token = $3 AND status = 'in_progress'";
 
-/// A text literal built from hex, so no setting (`standard_conforming_strings`)
-/// and no character in `text` can change how it parses.
+/// An escape-string literal (`E'…'`): it parses the same whatever
+/// `standard_conforming_strings` says, and only `'` and `\` need escaping.
+/// (A function such as `convert_from` would hide the value from the planner's
+/// index matching.)
 fn text_literal(text: &str) -> String {
-    format!("convert_from({}, 'UTF8')", bytea_literal(text.as_bytes()))
+    let mut out = String::with_capacity(text.len() + 4);
+    out.push_str("E'");
+    for c in text.chars() {
+        if c == '\'' || c == '\\' {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out.push('\'');
+    out
 }
 
 /// A bytea literal built from hex.
@@ -117,7 +128,7 @@ fn bytea_literal(bytes: &[u8]) -> String {
 /// The completed record's upsert, `COMMIT`, and an empty `BEGIN` for the
 /// transaction's handle to roll back (so sqlx's bookkeeping stays right and no
 /// warning is raised), as one simple-protocol message: one round trip instead
-/// of two. Every value is a formatted number or a hex literal.
+/// of two. Every value is a formatted number, an escaped string or a hex literal.
 fn upsert_and_commit(op: &Operation, response: &StoredResponse, policy: &Policy) -> String {
     format!(
         "INSERT INTO idempotency_keys AS k \
@@ -156,13 +167,48 @@ impl Backend for Postgres {
     ) -> Result<Transaction<'static, Self>, sqlx::Error> {
         // Both numbers are formatted integers, never user text. The lock timeout
         // bounds only the wait for the key's lock; business writes run under the
-        // session's own setting.
+        // session's own setting. BEGIN comes last: the statements before it
+        // form an implicit block that BEGIN turns into the transaction, and a
+        // lock timeout rolls that block back whole instead of leaving an
+        // aborted transaction on a pooled connection.
         let begin = format!(
-            "BEGIN; SET LOCAL lock_timeout = {}; SELECT pg_advisory_xact_lock({}); SET LOCAL lock_timeout = DEFAULT",
+            "SET LOCAL lock_timeout = {}; SELECT pg_advisory_xact_lock({}); SET LOCAL lock_timeout = DEFAULT; BEGIN",
             millis(policy.wait_timeout).max(1),
             op.lock_id()
         );
         pool.begin_with(begin).await
+    }
+
+    const CHECK_IN_BEGIN: bool = true;
+
+    async fn begin_checked<'a>(
+        pool: &'a Pool<Self>,
+        op: &'a Operation,
+        policy: &'a Policy,
+    ) -> Result<Transaction<'static, Self>, sqlx::Error> {
+        // One simple-protocol message. Its statements run in one implicit
+        // transaction block, which the trailing BEGIN turns into the claim's
+        // transaction (keeping the lock). The lookup runs after the lock, in
+        // its own statement (so with a snapshot taken after the wait): an
+        // unexpired record makes the cast of its status fail (22P02), the
+        // implicit block rolls back whole (lock released, connection idle and
+        // clean for the pool), and the engine reads the record without a lock.
+        // A free key costs one round trip for lock, lookup and BEGIN together.
+        let begin = format!(
+            "SET LOCAL lock_timeout = {}; SELECT pg_advisory_xact_lock({}); SET LOCAL lock_timeout = DEFAULT; \
+             SELECT status::int4 FROM idempotency_keys WHERE scope = {} AND key = {} AND expires_at > statement_timestamp(); \
+             BEGIN",
+            millis(policy.wait_timeout).max(1),
+            op.lock_id(),
+            text_literal(op.scope.as_stored()),
+            text_literal(op.key.as_str()),
+        );
+        pool.begin_with(begin).await
+    }
+
+    fn is_record_present(error: &sqlx::Error) -> bool {
+        // 22P02 invalid_text_representation: the status cast in begin_checked.
+        matches!(error, sqlx::Error::Database(db) if db.code().as_deref() == Some("22P02"))
     }
 
     async fn lookup<'a>(
