@@ -55,8 +55,8 @@ pub struct Record {
 /// and [`sqlx::Postgres`]; the methods are the engine's, not an application's.
 pub trait Backend: sqlx::Database + Sized {
     /// Whether a claim first reads the record without any lock, so replays and
-    /// conflicts never wait for the write lock (SQLite, where the write lock is
-    /// database-wide).
+    /// conflicts are one read and never wait for a lock (both backends: a
+    /// repeat is a read, not a write).
     #[doc(hidden)]
     const READ_BEFORE_LOCK: bool;
 

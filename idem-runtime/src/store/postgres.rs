@@ -7,6 +7,11 @@
 //! record is written once, just before the commit that carries the business
 //! writes: one tuple per operation, never an insert followed by an update.
 //!
+//! A repeat never locks: the engine first reads the record with one
+//! autocommit `SELECT` (a prepared statement), and a completed record with the
+//! same fingerprint is replayed from that read. Only a key with no live record
+//! goes on to the lock.
+//!
 //! SQL stays within what Postgres-compatible engines accept where it costs
 //! nothing: no `ctid`, batched deletes by primary key.
 
@@ -154,7 +159,7 @@ fn upsert_and_commit(op: &Operation, response: &StoredResponse, policy: &Policy)
 }
 
 impl Backend for Postgres {
-    const READ_BEFORE_LOCK: bool = false;
+    const READ_BEFORE_LOCK: bool = true;
 
     fn migrator() -> &'static sqlx::migrate::Migrator {
         &MIGRATOR
