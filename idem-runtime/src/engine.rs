@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sqlx::{Pool, Transaction};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::error::{whole_seconds, IdemError};
 use crate::operation::Operation;
@@ -90,6 +91,10 @@ pub struct Engine<DB: Backend> {
     pool: Pool<DB>,
     policy: Policy,
     counters: Arc<Counters>,
+    /// Where the backend's write lock is database-wide (SQLite), claims from
+    /// this engine (and its clones) queue here, first come first served,
+    /// instead of polling the lock through the busy handler's sleeps.
+    write_gate: Option<Arc<Semaphore>>,
 }
 
 impl<DB: Backend> Clone for Engine<DB> {
@@ -98,6 +103,7 @@ impl<DB: Backend> Clone for Engine<DB> {
             pool: self.pool.clone(),
             policy: self.policy,
             counters: self.counters.clone(),
+            write_gate: self.write_gate.clone(),
         }
     }
 }
@@ -136,6 +142,7 @@ impl<DB: Backend> Engine<DB> {
             pool,
             policy: Policy::default(),
             counters: Arc::default(),
+            write_gate: DB::SERIALIZE_WRITERS.then(|| Arc::new(Semaphore::new(1))),
         }
     }
 
@@ -248,6 +255,17 @@ impl<DB: Backend> Engine<DB> {
                 Err(error) => return self.store_down(op, &policy, error).await,
             }
         }
+        let permit = match &self.write_gate {
+            Some(gate) => {
+                match tokio::time::timeout(policy.wait_timeout, gate.clone().acquire_owned()).await
+                {
+                    Ok(Ok(permit)) => Some(permit),
+                    Ok(Err(_closed)) => None,
+                    Err(_elapsed) => return Err(in_progress_unknown()),
+                }
+            }
+            None => None,
+        };
         let mut tx = match DB::begin_claim(&self.pool, op, &policy).await {
             Ok(tx) => tx,
             Err(error) if DB::is_lock_busy(&error) => return Err(in_progress_unknown()),
@@ -262,7 +280,15 @@ impl<DB: Backend> Engine<DB> {
             Decision::Replay(stored) => return Ok(Claim::Replay(stored)),
             Decision::Refuse(error) => return Err(error),
         };
-        self.claimed(tx, op, policy, via).await
+        let mut claim = self.claimed(tx, op, policy, via).await?;
+        if let Claim::Execute(guard) = &mut claim {
+            // A durable claim has committed its record and no longer holds the
+            // write lock while the work runs; a transactional one holds both.
+            if guard.token.is_none() {
+                guard.permit = permit;
+            }
+        }
+        Ok(claim)
     }
 
     /// Wraps an owned claim's transaction in its guard, committing a durable
@@ -281,6 +307,7 @@ impl<DB: Backend> Engine<DB> {
             via,
             token: None,
             pool: self.pool.clone(),
+            permit: None,
         };
         if policy.claim_mode == ClaimMode::Durable {
             let token = claim_token();
@@ -322,7 +349,8 @@ impl<DB: Backend> Engine<DB> {
                 via: Via::FailedOpen,
                 token: None,
                 pool: self.pool.clone(),
-                })),
+                permit: None,
+            })),
             Err(error) => Err(unavailable(policy, error)),
         }
     }
@@ -377,6 +405,8 @@ pub struct ClaimGuard<DB: Backend> {
     via: Via,
     token: Option<i64>,
     pool: Pool<DB>,
+    /// This engine's write gate, held until commit or rollback.
+    permit: Option<OwnedSemaphorePermit>,
 }
 
 impl<DB: Backend> ClaimGuard<DB> {
@@ -417,6 +447,7 @@ impl<DB: Backend> ClaimGuard<DB> {
             via,
             token,
             pool,
+            permit: _permit,
         } = self;
         let response = match disposition {
             Disposition::Store(response) => response,

@@ -60,6 +60,11 @@ pub trait Backend: sqlx::Database + Sized {
     #[doc(hidden)]
     const READ_BEFORE_LOCK: bool;
 
+    /// Whether the write lock is database-wide, so an engine queues its own
+    /// claims in process before asking for it (SQLite).
+    #[doc(hidden)]
+    const SERIALIZE_WRITERS: bool = false;
+
     /// The embedded migrations.
     #[doc(hidden)]
     fn migrator() -> &'static sqlx::migrate::Migrator;

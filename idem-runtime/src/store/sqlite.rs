@@ -2,8 +2,13 @@
 //!
 //! Claims take the database's write lock up front (`BEGIN IMMEDIATE`) instead
 //! of upgrading a deferred transaction, and wait for it at most the connection's
-//! `busy_timeout`. Replays and conflicts are answered by a read in WAL mode,
-//! which never waits for the write lock.
+//! `busy_timeout`. Claims from one engine (and its clones) queue in process,
+//! first come first served, before asking for the lock, so they are not left
+//! to the busy handler's sleeps (1, 2, 5 ... 100 ms): under 64 concurrent
+//! duplicates of one key that took 0.4-1.8 s per key, queued it takes tens of
+//! milliseconds. Other processes still meet at `busy_timeout`. Replays and
+//! conflicts are answered by a read in WAL mode, which never waits for the
+//! write lock.
 
 use std::path::Path;
 use std::str::FromStr;
@@ -123,6 +128,7 @@ const COMPLETE_CLAIM: &str = "UPDATE idempotency_keys SET status = 'completed', 
 
 impl Backend for Sqlite {
     const READ_BEFORE_LOCK: bool = true;
+    const SERIALIZE_WRITERS: bool = true;
 
     fn migrator() -> &'static sqlx::migrate::Migrator {
         &MIGRATOR
