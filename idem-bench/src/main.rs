@@ -48,6 +48,7 @@ struct Config {
     out: Option<String>,
     svg: Option<String>,
     md: Option<String>,
+    only: Option<String>,
 }
 
 fn parse_args() -> Result<Config, String> {
@@ -63,6 +64,7 @@ fn parse_args() -> Result<Config, String> {
         out: None,
         svg: None,
         md: None,
+        only: None,
     };
     let mut growth = false;
     let mut args = std::env::args().skip(1);
@@ -94,6 +96,13 @@ fn parse_args() -> Result<Config, String> {
             "--out" => cfg.out = Some(value("--out")?),
             "--svg" => cfg.svg = Some(value("--svg")?),
             "--md" => cfg.md = Some(value("--md")?),
+            "--only" => cfg.only = Some(value("--only")?),
+            "--clients" => {
+                cfg.clients = value("--clients")?
+                    .split(',')
+                    .map(|c| c.trim().parse().map_err(|e| format!("--clients: {e}")))
+                    .collect::<Result<_, _>>()?
+            }
             "--bench" => {} // passed by `cargo bench`
             "-h" | "--help" => {
                 println!(
@@ -187,16 +196,21 @@ async fn run(cfg: Config) -> Result<Report, String> {
         .max(cfg.storm_attempts / 2) as u32;
     let run_id = format!("b{}", std::process::id());
 
+    let wants = |name: &str| cfg.only.as_deref().is_none_or(|only| only == name);
     let server = PgServer::start(pg::SETTINGS).map_err(|e| format!("starting Postgres: {e}"))?;
-    let pg = pg::Pg::setup(&server, connections).await?;
-    let mut backends = vec![backend(Arc::new(pg.clone()), &cfg, &scenarios, &run_id).await?];
-
+    let mut backends = Vec::new();
+    if wants("postgres") {
+        let pg = pg::Pg::setup(&server, connections).await?;
+        backends.push(backend(Arc::new(pg), &cfg, &scenarios, &run_id).await?);
+    }
     let dir = tempfile::Builder::new()
         .prefix("idem-bench-")
         .tempdir()
         .map_err(|e| e.to_string())?;
-    let lite = lite::Lite::setup(&dir.path().join("bench.db"), connections).await?;
-    backends.push(backend(Arc::new(lite), &cfg, &scenarios, &run_id).await?);
+    if wants("sqlite") {
+        let lite = lite::Lite::setup(&dir.path().join("bench.db"), connections).await?;
+        backends.push(backend(Arc::new(lite), &cfg, &scenarios, &run_id).await?);
+    }
 
     let growth = match &cfg.growth {
         Some((sizes, purge_rows, limit)) => {
