@@ -166,6 +166,33 @@ impl Target for Lite {
         })
     }
 
+    fn same_writes(&self, key: String) -> BoxFut<Result<(), String>> {
+        let pool = self.pool.clone();
+        Box::pin(async move {
+            // SQLite has no data-modifying CTEs: both inserts go as one
+            // multi-statement call (one message to the connection's worker).
+            let fp: String = user_hash().iter().map(|b| format!("{b:02x}")).collect();
+            let now = now_ms();
+            let sql = format!(
+                "INSERT INTO payments (tenant_id, amount_cents, currency) VALUES ('{TENANT}', {amount}, '{currency}'); \
+                 INSERT INTO idempotency_keys (scope, key, step, fingerprint, status, response_status, \
+                   response_content_type, response_body, created_at, locked_until, expires_at) \
+                 VALUES ('tenant:floor', '{key}', '{STEP}', X'{fp}', 'completed', 200, 'application/json', \
+                   X'7b7d', {now}, {now}, {expires})",
+                amount = REQUEST.0,
+                currency = REQUEST.1,
+                key = key.replace('\'', "''"),
+                expires = now + 86_400_000,
+            );
+            let mut tx = pool.begin().await.map_err(|e| e.to_string())?;
+            let conn: &mut sqlx::SqliteConnection = &mut tx;
+            sqlx::Executor::execute(conn, sqlx::raw_sql(&sql))
+                .await
+                .map_err(|e| e.to_string())?;
+            tx.commit().await.map_err(|e| e.to_string())
+        })
+    }
+
     fn seed_sql(&self, key: String) -> BoxFut<Result<(), String>> {
         let pool = self.pool.clone();
         Box::pin(async move {

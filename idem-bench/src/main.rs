@@ -180,12 +180,13 @@ async fn run(cfg: Config) -> Result<Report, String> {
 
     let mut scenarios = vec![
         Scenario::Unprotected,
+        Scenario::SameWrites,
         Scenario::SeedSql,
         Scenario::Idem,
         Scenario::Replay,
     ];
     if handler::AVAILABLE {
-        scenarios.insert(3, Scenario::IdemMacro);
+        scenarios.insert(4, Scenario::IdemMacro);
     }
     let connections = cfg
         .clients

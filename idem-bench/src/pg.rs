@@ -19,6 +19,12 @@ pub const SETTINGS: &[(&str, &str)] = &[
 const BUSINESS: &str =
     "INSERT INTO payments (tenant_id, amount_cents, currency) VALUES ($1, $2, $3) RETURNING id";
 
+const SAME_WRITES: &str = "WITH p AS (INSERT INTO payments (tenant_id, amount_cents, currency) VALUES ($1, $2, $3) RETURNING id) \
+     INSERT INTO idempotency_keys (scope, key, step, fingerprint, status, response_status, response_content_type, \
+       response_body, created_at, locked_until, expires_at) \
+     SELECT $4, $5, $6, $7, 'completed', 200, 'application/json', convert_to(p.id::text, 'UTF8'), now(), now(), \
+       now() + interval '24 hours' FROM p";
+
 const SCHEMA: &[&str] = &[
     "CREATE TABLE IF NOT EXISTS payments (id bigserial PRIMARY KEY, tenant_id text NOT NULL, \
      amount_cents bigint NOT NULL, currency text NOT NULL, created_at timestamptz NOT NULL DEFAULT now())",
@@ -160,6 +166,26 @@ impl Target for Pg {
                 .bind(REQUEST.0)
                 .bind(REQUEST.1)
                 .fetch_one(&mut *tx)
+                .await
+                .map_err(|e| e.to_string())?;
+            tx.commit().await.map_err(|e| e.to_string())
+        })
+    }
+
+    fn same_writes(&self, key: String) -> BoxFut<Result<(), String>> {
+        let pool = self.pool.clone();
+        Box::pin(async move {
+            let fp = user_hash();
+            let mut tx = pool.begin().await.map_err(|e| e.to_string())?;
+            sqlx::query(SAME_WRITES)
+                .bind(TENANT)
+                .bind(REQUEST.0)
+                .bind(REQUEST.1)
+                .bind("tenant:floor")
+                .bind(&key)
+                .bind(STEP)
+                .bind(&fp)
+                .execute(&mut *tx)
                 .await
                 .map_err(|e| e.to_string())?;
             tx.commit().await.map_err(|e| e.to_string())

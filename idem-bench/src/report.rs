@@ -98,6 +98,13 @@ pub fn ratios(backends: &[BackendReport], clients: &[usize]) -> Vec<Ratio> {
             push("idem-macro / idem", "idem-macro", "idem", Some(0.98));
             push("replay / unprotected", "replay", "unprotected", Some(2.5));
             push("seed-sql / unprotected", "seed-sql", "unprotected", None);
+            push(
+                "same-writes / unprotected",
+                "same-writes",
+                "unprotected",
+                None,
+            );
+            push("idem / same-writes", "idem", "same-writes", None);
         }
     }
     out

@@ -7,6 +7,7 @@ use crate::report::Report;
 
 const COLORS: &[(&str, &str)] = &[
     ("unprotected", "#9e9e9e"),
+    ("same-writes", "#c9b458"),
     ("seed-sql", "#e07b39"),
     ("idem", "#2a7ab9"),
     ("idem-macro", "#6aa9d8"),
@@ -141,7 +142,7 @@ pub fn chart(r: &Report) -> String {
             lx + 16.0,
             h - 20.0
         );
-        lx += 130.0;
+        lx += 120.0;
     }
     s.push_str("</svg>\n");
     s

@@ -25,6 +25,11 @@ pub trait Target: Send + Sync + 'static {
     fn settings(&self) -> Vec<(String, String)>;
     /// `BEGIN; INSERT INTO payments …; COMMIT`: the floor.
     fn unprotected(&self) -> BoxFut<Result<(), String>>;
+    /// The floor for any design that stores the key record in the business
+    /// transaction: the payment and a completed key row written by one
+    /// statement, `BEGIN; INSERT … ; COMMIT` (three round trips, no lock, no
+    /// lookup, no check). Not safe; it only measures the cost of the writes.
+    fn same_writes(&self, key: String) -> BoxFut<Result<(), String>>;
     /// The guide's claim → business insert → completion UPDATE → COMMIT.
     fn seed_sql(&self, key: String) -> BoxFut<Result<(), String>>;
     /// The same business insert through `Engine::run`, for `tenant`.

@@ -16,6 +16,8 @@ use crate::target::{Target, TENANT};
 pub enum Scenario {
     /// `BEGIN; INSERT; COMMIT`.
     Unprotected,
+    /// The same two rows written by one statement (no lock, no check): the floor.
+    SameWrites,
     /// The guide's hand-written SQL.
     SeedSql,
     /// The engine API.
@@ -31,6 +33,7 @@ impl Scenario {
     pub fn label(self) -> &'static str {
         match self {
             Scenario::Unprotected => "unprotected",
+            Scenario::SameWrites => "same-writes",
             Scenario::SeedSql => "seed-sql",
             Scenario::Idem => "idem",
             Scenario::IdemMacro => "idem-macro",
@@ -64,6 +67,7 @@ fn scenario_op(target: &Arc<dyn Target>, scenario: Scenario, prefix: String) -> 
     let t = target.clone();
     match scenario {
         Scenario::Unprotected => op(move |_| t.unprotected()),
+        Scenario::SameWrites => op(move |i| t.same_writes(format!("{prefix}-{i}"))),
         Scenario::SeedSql => op(move |i| t.seed_sql(format!("{prefix}-{i}"))),
         Scenario::Idem | Scenario::IdemMacro => {
             let macro_path = scenario == Scenario::IdemMacro;
