@@ -233,28 +233,6 @@ impl<DB: Backend> Engine<DB> {
                 Err(error) => return self.store_down(op, &policy, error).await,
             }
         }
-        if DB::CHECK_IN_BEGIN {
-            match DB::begin_checked(&self.pool, op, &policy).await {
-                // No unexpired record: the key is ours, with nothing to read.
-                Ok(tx) => return self.claimed(tx, op, policy, Via::Executed).await,
-                // A record exists: answer from a lock-free read when it is a
-                // replay or a refusal (both only ever change by expiring, which
-                // `decide` checks); otherwise (an expired lock to take over, or
-                // a record that expired meanwhile) take the locked path below.
-                Err(error) if DB::is_record_present(&error) => {
-                    match DB::lookup_unlocked(&self.pool, op).await {
-                        Ok(record) => match decide(record, op) {
-                            Decision::Execute(_) => {}
-                            Decision::Replay(stored) => return Ok(Claim::Replay(stored)),
-                            Decision::Refuse(error) => return Err(error),
-                        },
-                        Err(error) => return self.store_down(op, &policy, error).await,
-                    }
-                }
-                Err(error) if DB::is_lock_busy(&error) => return Err(in_progress_unknown()),
-                Err(error) => return self.store_down(op, &policy, error).await,
-            }
-        }
         let permit = match &self.write_gate {
             Some(gate) => {
                 match tokio::time::timeout(policy.wait_timeout, gate.clone().acquire_owned()).await
@@ -464,12 +442,7 @@ impl<DB: Backend> ClaimGuard<DB> {
         let written = match (via, token) {
             (Via::FailedOpen, _) => Ok(true),
             (_, Some(token)) => DB::complete_claim(&mut tx, &op, token, &response, &policy).await,
-            (_, None) => {
-                // The record and the commit, in one round trip where the backend can.
-                return DB::commit_completed(tx, &op, &response, &policy)
-                    .await
-                    .map_err(|error| unavailable(&policy, error));
-            }
+            (_, None) => DB::write_completed(&mut tx, &op, &response, &policy).await.map(|()| true),
         };
         match written {
             Ok(true) => tx

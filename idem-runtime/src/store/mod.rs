@@ -78,29 +78,6 @@ pub trait Backend: sqlx::Database + Sized {
         policy: &'a Policy,
     ) -> impl Future<Output = Result<Transaction<'static, Self>, sqlx::Error>> + Send + 'a;
 
-    /// Whether [`Backend::begin_checked`] folds the lookup into the claim's
-    /// first round trip.
-    #[doc(hidden)]
-    const CHECK_IN_BEGIN: bool = false;
-
-    /// Like [`Backend::begin_claim`], and in the same round trip fails with an
-    /// error for which [`Backend::is_record_present`] holds if an unexpired
-    /// record exists for `(scope, key)`. Succeeds only when the key is free.
-    #[doc(hidden)]
-    fn begin_checked<'a>(
-        pool: &'a Pool<Self>,
-        op: &'a Operation,
-        policy: &'a Policy,
-    ) -> impl Future<Output = Result<Transaction<'static, Self>, sqlx::Error>> + Send + 'a {
-        Self::begin_claim(pool, op, policy)
-    }
-
-    /// Whether `error` is [`Backend::begin_checked`]'s "a record exists".
-    #[doc(hidden)]
-    fn is_record_present(_error: &sqlx::Error) -> bool {
-        false
-    }
-
     /// Reads the record for `(scope, key)`.
     #[doc(hidden)]
     fn lookup<'a>(
@@ -123,22 +100,6 @@ pub trait Backend: sqlx::Database + Sized {
         response: &'a StoredResponse,
         policy: &'a Policy,
     ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'a;
-
-    /// Writes the completed record and commits `tx`. The default is
-    /// [`Backend::write_completed`] then `COMMIT`; a backend may send both in
-    /// one round trip.
-    #[doc(hidden)]
-    fn commit_completed<'a>(
-        mut tx: Transaction<'static, Self>,
-        op: &'a Operation,
-        response: &'a StoredResponse,
-        policy: &'a Policy,
-    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'a {
-        async move {
-            Self::write_completed(&mut tx, op, response, policy).await?;
-            tx.commit().await
-        }
-    }
 
     /// Writes an `in_progress` record owned by `token` (durable claims).
     #[doc(hidden)]

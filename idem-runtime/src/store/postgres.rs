@@ -18,7 +18,7 @@
 use std::time::Duration;
 
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgRow};
-use sqlx::{Executor, PgConnection, PgPool, Pool, Postgres, Row, Transaction};
+use sqlx::{PgConnection, PgPool, Pool, Postgres, Row, Transaction};
 
 use super::{millis, response_from_columns, Backend, Record, RecordStatus};
 use crate::operation::Operation;
@@ -104,60 +104,6 @@ const COMPLETE_CLAIM: &str =
        expires_at = now() + $7 * interval '1 millisecond' \
      WHERE scope = $1 AND key = $2 AND claim_token = $3 AND status = 'in_progress'";
 
-/// An escape-string literal (`E'…'`): it parses the same whatever
-/// `standard_conforming_strings` says, and only `'` and `\` need escaping.
-/// (A function such as `convert_from` would hide the value from the planner's
-/// index matching.)
-fn text_literal(text: &str) -> String {
-    let mut out = String::with_capacity(text.len() + 4);
-    out.push_str("E'");
-    for c in text.chars() {
-        if c == '\'' || c == '\\' {
-            out.push('\\');
-        }
-        out.push(c);
-    }
-    out.push('\'');
-    out
-}
-
-/// A bytea literal built from hex.
-fn bytea_literal(bytes: &[u8]) -> String {
-    let mut out = String::with_capacity(bytes.len() * 2 + 20);
-    out.push_str("decode('");
-    crate::hex::push_hex(&mut out, bytes);
-    out.push_str("', 'hex')");
-    out
-}
-
-/// The completed record's upsert, `COMMIT`, and an empty `BEGIN` for the
-/// transaction's handle to roll back (so sqlx's bookkeeping stays right and no
-/// warning is raised), as one simple-protocol message: one round trip instead
-/// of two. Every value is a formatted number, an escaped string or a hex literal.
-fn upsert_and_commit(op: &Operation, response: &StoredResponse, policy: &Policy) -> String {
-    format!(
-        "INSERT INTO idempotency_keys AS k \
-         (scope, key, step, fingerprint, status, response_status, response_content_type, response_body, \
-          claim_token, created_at, locked_until, expires_at) \
-         VALUES ({scope}, {key}, {step}, {fingerprint}, 'completed', {status}, {content_type}, {body}, NULL, now(), now(), \
-                 now() + {retention} * interval '1 millisecond') \
-         ON CONFLICT (scope, key) DO UPDATE SET step = EXCLUDED.step, fingerprint = EXCLUDED.fingerprint, \
-           status = 'completed', response_status = EXCLUDED.response_status, \
-           response_content_type = EXCLUDED.response_content_type, response_body = EXCLUDED.response_body, \
-           claim_token = NULL, created_at = EXCLUDED.created_at, locked_until = EXCLUDED.locked_until, \
-           expires_at = EXCLUDED.expires_at; \
-         COMMIT; BEGIN",
-        scope = text_literal(op.scope.as_stored()),
-        key = text_literal(op.key.as_str()),
-        step = text_literal(op.step),
-        fingerprint = bytea_literal(&op.fingerprint.0),
-        status = i16::try_from(response.status).unwrap_or(i16::MAX),
-        content_type = text_literal(&response.content_type),
-        body = bytea_literal(&response.body),
-        retention = millis(policy.retention),
-    )
-}
-
 impl Backend for Postgres {
     const READ_BEFORE_LOCK: bool = true;
 
@@ -182,38 +128,6 @@ impl Backend for Postgres {
             op.lock_id()
         );
         pool.begin_with(begin).await
-    }
-
-    const CHECK_IN_BEGIN: bool = true;
-
-    async fn begin_checked<'a>(
-        pool: &'a Pool<Self>,
-        op: &'a Operation,
-        policy: &'a Policy,
-    ) -> Result<Transaction<'static, Self>, sqlx::Error> {
-        // One simple-protocol message. Its statements run in one implicit
-        // transaction block, which the trailing BEGIN turns into the claim's
-        // transaction (keeping the lock). The lookup runs after the lock, in
-        // its own statement (so with a snapshot taken after the wait): an
-        // unexpired record makes the cast of its status fail (22P02), the
-        // implicit block rolls back whole (lock released, connection idle and
-        // clean for the pool), and the engine reads the record without a lock.
-        // A free key costs one round trip for lock, lookup and BEGIN together.
-        let begin = format!(
-            "SET LOCAL lock_timeout = {}; SELECT pg_advisory_xact_lock({}); SET LOCAL lock_timeout = DEFAULT; \
-             SELECT status::int4 FROM idempotency_keys WHERE scope = {} AND key = {} AND expires_at > statement_timestamp(); \
-             BEGIN",
-            millis(policy.wait_timeout).max(1),
-            op.lock_id(),
-            text_literal(op.scope.as_stored()),
-            text_literal(op.key.as_str()),
-        );
-        pool.begin_with(begin).await
-    }
-
-    fn is_record_present(error: &sqlx::Error) -> bool {
-        // 22P02 invalid_text_representation: the status cast in begin_checked.
-        matches!(error, sqlx::Error::Database(db) if db.code().as_deref() == Some("22P02"))
     }
 
     async fn lookup<'a>(
@@ -257,22 +171,6 @@ impl Backend for Postgres {
             .bind(millis(policy.retention) as f64)
             .execute(conn)
             .await?;
-        Ok(())
-    }
-
-    async fn commit_completed<'a>(
-        mut tx: Transaction<'static, Self>,
-        op: &'a Operation,
-        response: &'a StoredResponse,
-        policy: &'a Policy,
-    ) -> Result<(), sqlx::Error> {
-        let sql = upsert_and_commit(op, response, policy);
-        let conn: &mut PgConnection = &mut tx;
-        conn.execute(sqlx::raw_sql(&sql)).await?;
-        // The handle now holds only the empty transaction the trailing BEGIN
-        // opened; dropping it queues its ROLLBACK, which travels with the pool's
-        // release check instead of costing a round trip of its own.
-        drop(tx);
         Ok(())
     }
 
