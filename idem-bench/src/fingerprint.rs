@@ -125,6 +125,8 @@ pub struct FingerprintResult {
     pub costs: Vec<HashCost>,
     /// serde_json+SHA-256 time / idem fingerprint time, typical struct.
     pub speedup: f64,
+    /// Length of the typical request's JSON.
+    pub json_bytes: usize,
 }
 
 fn measure(
@@ -189,9 +191,21 @@ pub fn run(iterations: u64) -> FingerprintResult {
             Sha256::digest(body).into()
         },
     );
-    let speedup = serde.ns_per_call / idem.ns_per_call;
-    FingerprintResult {
-        costs: vec![idem, serde, idem_flat, serde_flat],
-        speedup,
+    // Floors: SHA-256 alone over the JSON bytes, and over fixed lengths, so a
+    // reader can see how much of each figure is the hash itself.
+    let json = serde_json::to_vec(&req).expect("serialize");
+    let sha_json = measure("SHA-256 alone of the typical JSON bytes (floor of the serde path)", iterations, rounds, || {
+        Sha256::digest(black_box(&json[..])).into()
+    });
+    let mut costs = vec![idem, serde, idem_flat, serde_flat, sha_json];
+    for (name, len) in [
+        ("SHA-256 alone of 55 bytes (one block)", 55usize),
+        ("SHA-256 alone of 119 bytes (two blocks)", 119),
+        ("SHA-256 alone of 311 bytes (five blocks)", 311),
+    ] {
+        let bytes = vec![0x5au8; len];
+        costs.push(measure(name, iterations, rounds, || Sha256::digest(black_box(&bytes[..])).into()));
     }
+    let speedup = costs[1].ns_per_call / costs[0].ns_per_call;
+    FingerprintResult { json_bytes: json.len(), costs, speedup }
 }
