@@ -150,7 +150,10 @@ impl FingerprintHasher {
     }
 
     /// Writes a sequence of values in order.
-    pub fn write_seq<'a, T: Fingerprint + 'a>(&mut self, items: impl ExactSizeIterator<Item = &'a T>) {
+    pub fn write_seq<'a, T: Fingerprint + 'a>(
+        &mut self,
+        items: impl ExactSizeIterator<Item = &'a T>,
+    ) {
         self.tag(b'l');
         self.len(items.len());
         for item in items {
@@ -165,8 +168,10 @@ impl FingerprintHasher {
     }
 
     /// Writes map entries, which must come in ascending key order.
-    pub fn write_sorted_map<'a, K, V>(&mut self, entries: impl ExactSizeIterator<Item = (&'a K, &'a V)>)
-    where
+    pub fn write_sorted_map<'a, K, V>(
+        &mut self,
+        entries: impl ExactSizeIterator<Item = (&'a K, &'a V)>,
+    ) where
         K: Fingerprint + 'a,
         V: Fingerprint + 'a,
     {
@@ -179,7 +184,10 @@ impl FingerprintHasher {
     }
 
     /// Writes set elements, which must come in ascending order.
-    pub fn write_sorted_set<'a, T: Fingerprint + 'a>(&mut self, items: impl ExactSizeIterator<Item = &'a T>) {
+    pub fn write_sorted_set<'a, T: Fingerprint + 'a>(
+        &mut self,
+        items: impl ExactSizeIterator<Item = &'a T>,
+    ) {
         self.tag(b'e');
         self.len(items.len());
         for item in items {
@@ -202,7 +210,12 @@ impl FingerprintHasher {
     }
 
     /// Writes a field through a custom function (`#[fingerprint(with = path)]`).
-    pub fn write_field_with<T: ?Sized>(&mut self, name: &str, value: &T, with: fn(&T, &mut FingerprintHasher)) {
+    pub fn write_field_with<T: ?Sized>(
+        &mut self,
+        name: &str,
+        value: &T,
+        with: fn(&T, &mut FingerprintHasher),
+    ) {
         self.write_str(name);
         with(value, self);
     }
@@ -510,20 +523,35 @@ mod tests {
 
     #[test]
     fn strings_are_length_prefixed() {
-        assert_ne!(fingerprint("s.v1", &("ab", "c")), fingerprint("s.v1", &("a", "bc")));
-        assert_ne!(fingerprint("s.v1", &vec!["ab".to_string()]), fingerprint("s.v1", &vec!["a".to_string(), "b".to_string()]));
+        assert_ne!(
+            fingerprint("s.v1", &("ab", "c")),
+            fingerprint("s.v1", &("a", "bc"))
+        );
+        assert_ne!(
+            fingerprint("s.v1", &vec!["ab".to_string()]),
+            fingerprint("s.v1", &vec!["a".to_string(), "b".to_string()])
+        );
     }
 
     #[test]
     fn options_in_sequences_stay_distinct() {
-        assert_ne!(fingerprint("s.v1", &vec![None, Some(1)]), fingerprint("s.v1", &vec![Some(1), None]));
-        assert_ne!(fingerprint("s.v1", &None::<i32>), fingerprint("s.v1", &Some(0)));
+        assert_ne!(
+            fingerprint("s.v1", &vec![None, Some(1)]),
+            fingerprint("s.v1", &vec![Some(1), None])
+        );
+        assert_ne!(
+            fingerprint("s.v1", &None::<i32>),
+            fingerprint("s.v1", &Some(0))
+        );
     }
 
     #[test]
     fn floats_are_canonical() {
         assert_eq!(fingerprint("s.v1", &0.0f64), fingerprint("s.v1", &-0.0f64));
-        assert_eq!(fingerprint("s.v1", &f64::NAN), fingerprint("s.v1", &-f64::NAN));
+        assert_eq!(
+            fingerprint("s.v1", &f64::NAN),
+            fingerprint("s.v1", &-f64::NAN)
+        );
         assert_eq!(fingerprint("s.v1", &1.5f32), fingerprint("s.v1", &1.5f64));
     }
 

@@ -34,7 +34,7 @@ pub mod store;
 #[cfg(feature = "test-support")]
 pub mod test_support;
 
-pub use engine::{Claim, ClaimGuard, Completed, Engine, Stats, Via, WorkFuture};
+pub use engine::{Claim, ClaimGuard, Completed, Engine, Stats, Via};
 pub use error::IdemError;
 pub use fingerprint::{fingerprint, Fingerprint, FingerprintHasher, RequestHash};
 pub use key::{IdempotencyKey, KeyError};
