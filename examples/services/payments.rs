@@ -1,0 +1,460 @@
+//! The payments service: `POST /payments`, `GET /payments`, `GET /healthz`.
+//!
+//! Shared by `examples/payments.rs` (the service on its own), the checkout
+//! demo (which runs it in-process) and the HTTP tests.
+#![allow(dead_code)]
+
+use std::future::Future;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use axum::extract::{DefaultBodyLimit, FromRequestParts, State};
+use axum::http::request::Parts;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use idem::http::{self, Json, ProblemDetails};
+use idem::{
+    Backend, Claim, Engine, Fingerprint, FingerprintHasher, IdempotencyKey, Operation, Scope,
+};
+use serde::{Deserialize, Serialize};
+use sqlx::{Pool, Postgres, Sqlite};
+use tracing::Instrument;
+
+use fault::FaultPoint;
+
+/// The step every payment is created under.
+pub const CREATE_PAYMENT: &str = "create-payment.v1";
+
+/// The default request body limit.
+pub const DEFAULT_BODY_LIMIT: usize = 64 * 1024;
+
+/// The default SQLite file, in the working directory.
+pub const DEFAULT_SQLITE_FILE: &str = "idem-payments.db";
+
+/// Knobs of one payments service.
+#[derive(Debug, Clone, Copy)]
+pub struct Config {
+    /// Bodies larger than this are refused with 413 before any claim.
+    pub body_limit: usize,
+    /// Honour `X-Idem-Fault` (only with the `faults` feature).
+    pub allow_faults: bool,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            body_limit: DEFAULT_BODY_LIMIT,
+            allow_faults: false,
+        }
+    }
+}
+
+/// `POST /payments` body. `requested_at` is a client timestamp and is not
+/// part of the fingerprint: a retry with a fresh timestamp is the same request.
+#[derive(Debug, Clone, Deserialize)]
+pub struct PaymentRequest {
+    /// Amount in the currency's minor unit; must be positive.
+    pub amount_cents: i64,
+    /// ISO 4217 code: three uppercase letters.
+    pub currency: String,
+    /// Where the money goes; not empty.
+    pub destination: String,
+    /// When the client made the request (ignored by the fingerprint).
+    #[serde(default)]
+    pub requested_at: Option<String>,
+}
+
+/// Fields in ascending name order, `requested_at` skipped: what
+/// `#[derive(Fingerprint)]` with `#[fingerprint(skip)]` on `requested_at` writes.
+impl Fingerprint for PaymentRequest {
+    fn fingerprint(&self, hasher: &mut FingerprintHasher) {
+        hasher.begin_struct();
+        hasher.write_field("amount_cents", &self.amount_cents);
+        hasher.write_field("currency", &self.currency);
+        hasher.write_field("destination", &self.destination);
+        hasher.end_struct();
+    }
+}
+
+/// A stored payment, as the API shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Payment {
+    /// The payment's id.
+    pub payment_id: String,
+    /// The amount in minor units.
+    pub amount_cents: i64,
+    /// The currency.
+    pub currency: String,
+    /// The destination.
+    pub destination: String,
+}
+
+/// `GET /payments` answer.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct PaymentList {
+    /// How many payments the tenant has.
+    pub count: usize,
+    /// The payments, oldest first.
+    pub payments: Vec<Payment>,
+}
+
+/// The business table, on either backend.
+pub trait Ledger: Backend {
+    /// Creates the `payments` table if missing.
+    fn create_table(pool: &Pool<Self>) -> impl Future<Output = sqlx::Result<()>> + Send;
+    /// Inserts a payment inside the claim's transaction.
+    fn insert(
+        conn: &mut Self::Connection,
+        tenant: &str,
+        payment: &Payment,
+    ) -> impl Future<Output = sqlx::Result<()>> + Send;
+    /// The tenant's payments, oldest first.
+    fn list(
+        pool: &Pool<Self>,
+        tenant: &str,
+    ) -> impl Future<Output = sqlx::Result<Vec<Payment>>> + Send;
+    /// One round trip to the database.
+    fn ping(pool: &Pool<Self>) -> impl Future<Output = sqlx::Result<()>> + Send;
+}
+
+const CREATE_TABLE: &str = "CREATE TABLE IF NOT EXISTS payments (
+    payment_id   TEXT PRIMARY KEY,
+    tenant_id    TEXT NOT NULL,
+    amount_cents BIGINT NOT NULL,
+    currency     TEXT NOT NULL,
+    destination  TEXT NOT NULL,
+    created_at   BIGINT NOT NULL
+)";
+
+/// The same SQL runs on both backends (`$n` placeholders work on SQLite too).
+macro_rules! ledger {
+    ($db:ty) => {
+        impl Ledger for $db {
+            async fn create_table(pool: &Pool<Self>) -> sqlx::Result<()> {
+                sqlx::query(CREATE_TABLE).execute(pool).await.map(drop)
+            }
+
+            async fn insert(conn: &mut Self::Connection, tenant: &str, payment: &Payment) -> sqlx::Result<()> {
+                sqlx::query(
+                    "INSERT INTO payments (payment_id, tenant_id, amount_cents, currency, destination, created_at)
+                     VALUES ($1, $2, $3, $4, $5, $6)",
+                )
+                .bind(&payment.payment_id)
+                .bind(tenant)
+                .bind(payment.amount_cents)
+                .bind(&payment.currency)
+                .bind(&payment.destination)
+                .bind(now_millis())
+                .execute(conn)
+                .await
+                .map(drop)
+            }
+
+            async fn list(pool: &Pool<Self>, tenant: &str) -> sqlx::Result<Vec<Payment>> {
+                let rows: Vec<(String, i64, String, String)> = sqlx::query_as(
+                    "SELECT payment_id, amount_cents, currency, destination FROM payments
+                     WHERE tenant_id = $1 ORDER BY created_at, payment_id",
+                )
+                .bind(tenant)
+                .fetch_all(pool)
+                .await?;
+                Ok(rows
+                    .into_iter()
+                    .map(|(payment_id, amount_cents, currency, destination)| Payment {
+                        payment_id,
+                        amount_cents,
+                        currency,
+                        destination,
+                    })
+                    .collect())
+            }
+
+            async fn ping(pool: &Pool<Self>) -> sqlx::Result<()> {
+                sqlx::query("SELECT 1").execute(pool).await.map(drop)
+            }
+        }
+    };
+}
+
+ledger!(Sqlite);
+ledger!(Postgres);
+
+/// The store behind a payments service: a SQLite file or a Postgres database.
+#[derive(Debug, Clone)]
+pub enum Store {
+    /// The embedded default.
+    Sqlite(Engine<Sqlite>),
+    /// Chosen by a `postgres://` URL.
+    Postgres(Engine<Postgres>),
+}
+
+impl Store {
+    /// Opens the store named by `url` (`postgres://...`, `sqlite:...`, a file
+    /// path, or `None` for [`DEFAULT_SQLITE_FILE`]), runs idem's migrations and
+    /// creates the `payments` table.
+    pub async fn open(url: Option<&str>) -> Result<Self, Box<dyn std::error::Error + Send + Sync>> {
+        let store = match url {
+            Some(url) if url.starts_with("postgres://") || url.starts_with("postgresql://") => {
+                Store::Postgres(Engine::<Postgres>::connect_postgres(url).await?)
+            }
+            Some(url) => {
+                let path = url
+                    .strip_prefix("sqlite://")
+                    .or_else(|| url.strip_prefix("sqlite:"))
+                    .unwrap_or(url);
+                Store::Sqlite(Engine::<Sqlite>::open_sqlite(path).await?)
+            }
+            None => Store::Sqlite(Engine::<Sqlite>::open_sqlite(DEFAULT_SQLITE_FILE).await?),
+        };
+        match &store {
+            Store::Sqlite(engine) => {
+                engine.migrate().await?;
+                Sqlite::create_table(engine.pool()).await?;
+            }
+            Store::Postgres(engine) => {
+                engine.migrate().await?;
+                Postgres::create_table(engine.pool()).await?;
+            }
+        }
+        Ok(store)
+    }
+
+    /// The backend's name.
+    pub fn backend(&self) -> &'static str {
+        match self {
+            Store::Sqlite(_) => "sqlite",
+            Store::Postgres(_) => "postgres",
+        }
+    }
+
+    /// The service's routes on this store.
+    pub fn router(&self, config: Config) -> Router {
+        match self {
+            Store::Sqlite(engine) => router(engine.clone(), config),
+            Store::Postgres(engine) => router(engine.clone(), config),
+        }
+    }
+}
+
+/// The router's state.
+pub struct AppState<DB: Backend> {
+    engine: Engine<DB>,
+    config: Config,
+}
+
+impl<DB: Backend> Clone for AppState<DB> {
+    fn clone(&self) -> Self {
+        Self {
+            engine: self.engine.clone(),
+            config: self.config,
+        }
+    }
+}
+
+/// The payments routes over `engine`.
+pub fn router<DB: Ledger>(engine: Engine<DB>, config: Config) -> Router {
+    Router::new()
+        .route(
+            "/payments",
+            post(create_payment::<DB>).get(list_payments::<DB>),
+        )
+        .route("/healthz", get(healthz::<DB>))
+        .layer(DefaultBodyLimit::max(config.body_limit))
+        .with_state(AppState { engine, config })
+}
+
+/// `POST /payments`. Every extractor (tenant, key, body) runs before the
+/// claim, so a malformed request is refused with nothing stored.
+async fn create_payment<DB: Ledger>(
+    State(state): State<AppState<DB>>,
+    Tenant(tenant): Tenant,
+    key: IdempotencyKey,
+    headers: HeaderMap,
+    Json(request): Json<PaymentRequest>,
+) -> Response {
+    let armed = fault::armed(state.config.allow_faults, &headers);
+    let op = Operation::new(Scope::tenant(&tenant), key, CREATE_PAYMENT, &request);
+    let span = http::operation_span(&op);
+    async move {
+        let mut guard = match state.engine.claim(&op).await {
+            Ok(Claim::Execute(guard)) => guard,
+            Ok(Claim::Replay(stored)) => return http::respond(Claim::<DB>::replayed(stored)),
+            Err(error) => return http::respond(Err(error)),
+        };
+        fault::at(armed, FaultPoint::AfterClaim);
+        let answer = match validate(&request) {
+            Err(problem) => problem.into_response(),
+            Ok(()) => {
+                let payment = Payment {
+                    payment_id: new_payment_id(),
+                    amount_cents: request.amount_cents,
+                    currency: request.currency.clone(),
+                    destination: request.destination.clone(),
+                };
+                match DB::insert(guard.connection(), &tenant, &payment).await {
+                    Ok(()) => (StatusCode::CREATED, axum::Json(payment)).into_response(),
+                    Err(error) => {
+                        tracing::warn!(%error, "payment insert failed; rolling back");
+                        ProblemDetails::new(503, "Payment could not be recorded")
+                            .with_detail("The database failed while recording the payment; nothing was charged. Retry with the same Idempotency-Key.")
+                            .into_response()
+                    }
+                }
+            }
+        };
+        fault::at(armed, FaultPoint::AfterBusinessWrite);
+        let result = guard.complete(http::into_stored(answer).await).await;
+        if result.is_ok() {
+            fault::at(armed, FaultPoint::AfterCommit);
+        }
+        http::respond(result)
+    }
+    .instrument(span)
+    .await
+}
+
+/// The rules a well-formed body must also meet; breaking one is a
+/// deterministic 422, stored and replayed.
+fn validate(request: &PaymentRequest) -> Result<(), ProblemDetails> {
+    let invalid = |detail: String| {
+        Err(ProblemDetails::new(422, "Invalid payment")
+            .with_type("https://idem-rs.github.io/idem/problems#invalid-payment")
+            .with_detail(detail))
+    };
+    if request.amount_cents <= 0 {
+        return invalid(format!(
+            "amount_cents must be a positive integer, got {}; send a new request with a new Idempotency-Key",
+            request.amount_cents
+        ));
+    }
+    if request.currency.len() != 3 || !request.currency.bytes().all(|b| b.is_ascii_uppercase()) {
+        return invalid(format!(
+            "currency must be three uppercase letters (ISO 4217, e.g. EUR), got {:?}; send a new request with a new Idempotency-Key",
+            request.currency
+        ));
+    }
+    if request.destination.trim().is_empty() {
+        return invalid(
+            "destination must not be empty; send a new request with a new Idempotency-Key"
+                .to_owned(),
+        );
+    }
+    Ok(())
+}
+
+/// `GET /payments`: the tenant's payments only.
+async fn list_payments<DB: Ledger>(
+    State(state): State<AppState<DB>>,
+    Tenant(tenant): Tenant,
+) -> Response {
+    match DB::list(state.engine.pool(), &tenant).await {
+        Ok(payments) => axum::Json(PaymentList {
+            count: payments.len(),
+            payments,
+        })
+        .into_response(),
+        Err(error) => {
+            tracing::warn!(%error, "listing payments failed");
+            store_down().into_response()
+        }
+    }
+}
+
+/// `GET /healthz`: 200 when the store answers within a second, 503 when not.
+async fn healthz<DB: Ledger>(State(state): State<AppState<DB>>) -> Response {
+    match tokio::time::timeout(Duration::from_secs(1), DB::ping(state.engine.pool())).await {
+        Ok(Ok(())) => axum::Json(serde_json::json!({"status": "ok"})).into_response(),
+        _ => store_down().into_response(),
+    }
+}
+
+fn store_down() -> ProblemDetails {
+    ProblemDetails::new(503, "Store unavailable")
+        .with_type(idem::http::problem::types::STORE_UNAVAILABLE)
+        .with_detail("The database does not answer; retry in a few seconds.")
+}
+
+/// The `X-Tenant-Id` header: the scope every key lives in.
+pub struct Tenant(pub String);
+
+impl<S: Send + Sync> FromRequestParts<S> for Tenant {
+    type Rejection = ProblemDetails;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
+        let tenant = parts
+            .headers
+            .get("x-tenant-id")
+            .and_then(|v| v.to_str().ok())
+            .map(str::trim);
+        match tenant {
+            Some(tenant) if !tenant.is_empty() && tenant.len() <= 255 => Ok(Tenant(tenant.to_owned())),
+            _ => Err(ProblemDetails::new(400, "X-Tenant-Id header missing")
+                .with_type("https://idem-rs.github.io/idem/problems#tenant-missing")
+                .with_detail("Send the tenant this request acts for in the X-Tenant-Id header (1 to 255 visible ASCII characters).")),
+        }
+    }
+}
+
+/// A fresh, unique payment id.
+fn new_payment_id() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_u128(
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0),
+    );
+    hasher.write_u64(NEXT.fetch_add(1, Ordering::Relaxed));
+    hasher.write_u32(std::process::id());
+    format!("pay_{:016x}", hasher.finish())
+}
+
+fn now_millis() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+/// Fault injection: real with the `faults` feature, inert without it.
+#[cfg(feature = "faults")]
+mod fault {
+    pub use idem::faults::FaultPoint;
+
+    /// The point named by `X-Idem-Fault`, when faults are allowed.
+    pub fn armed(allowed: bool, headers: &axum::http::HeaderMap) -> Option<FaultPoint> {
+        if !allowed {
+            return None;
+        }
+        headers.get("x-idem-fault")?.to_str().ok()?.parse().ok()
+    }
+
+    /// Aborts the process if `armed` is `here`.
+    pub fn at(armed: Option<FaultPoint>, here: FaultPoint) {
+        idem::faults::abort_at(armed, here)
+    }
+}
+
+#[cfg(not(feature = "faults"))]
+mod fault {
+    /// The crash points (inert without the `faults` feature).
+    #[derive(Debug, Clone, Copy)]
+    pub enum FaultPoint {
+        AfterClaim,
+        AfterBusinessWrite,
+        AfterCommit,
+    }
+
+    pub fn armed(_allowed: bool, _headers: &axum::http::HeaderMap) -> Option<FaultPoint> {
+        None
+    }
+
+    pub fn at(_armed: Option<FaultPoint>, _here: FaultPoint) {}
+}
+
+/// Whether this build can inject faults.
+pub const FAULTS_COMPILED: bool = cfg!(feature = "faults");
