@@ -12,7 +12,8 @@
 //!
 //! The store is the SQLite file `idem-payments.db` in the working directory
 //! unless `--database-url` names another file or a `postgres://` database.
-//! `--allow-faults` (in a build with `--features faults`) honours the
+//! `--allow-faults` (in a build with idem's `faults` feature, which the
+//! examples get through the dev-dependencies) honours the
 //! `X-Idem-Fault: after-claim | after-business-write | after-commit` header by
 //! aborting the process at that point.
 
@@ -56,10 +57,7 @@ fn parse_args() -> Result<Args, String> {
             }
             "--allow-faults" if payments::FAULTS_COMPILED => config.allow_faults = true,
             "--allow-faults" => {
-                return Err(
-                    "--allow-faults needs a build with fault injection: add `--features faults`"
-                        .into(),
-                )
+                return Err("--allow-faults needs a build with idem's `faults` feature".into())
             }
             "-h" | "--help" => return Err(USAGE.into()),
             other => return Err(format!("unknown argument {other:?}\n{USAGE}")),

@@ -55,7 +55,9 @@ impl Default for HttpClient {
 impl HttpClient {
     /// A client with a connection pool.
     pub fn new() -> Self {
-        Self { inner: Client::builder(TokioExecutor::new()).build_http() }
+        Self {
+            inner: Client::builder(TokioExecutor::new()).build_http(),
+        }
     }
 
     /// Sends a request; header values are raw bytes so tests can send malformed ones.
@@ -82,7 +84,11 @@ impl HttpClient {
         let response = self.inner.request(request).await?;
         let (parts, body) = response.into_parts();
         let body = body.collect().await?.to_bytes().to_vec();
-        Ok(Reply { status: parts.status.as_u16(), headers: parts.headers, body })
+        Ok(Reply {
+            status: parts.status.as_u16(),
+            headers: parts.headers,
+            body,
+        })
     }
 
     /// `POST url` with a JSON body and text headers.
@@ -93,7 +99,8 @@ impl HttpClient {
         body: &serde_json::Value,
     ) -> Result<Reply, BoxError> {
         let headers: Vec<(&str, &[u8])> = headers.iter().map(|(n, v)| (*n, v.as_bytes())).collect();
-        self.send(Method::POST, url, &headers, Some(serde_json::to_vec(body)?)).await
+        self.send(Method::POST, url, &headers, Some(serde_json::to_vec(body)?))
+            .await
     }
 
     /// `GET url` with text headers.

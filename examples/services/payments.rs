@@ -14,6 +14,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 use idem::http::{self, Json, ProblemDetails};
+use idem::Policy;
 use idem::{
     Backend, Claim, Engine, Fingerprint, FingerprintHasher, IdempotencyKey, Operation, Scope,
 };
@@ -194,18 +195,29 @@ impl Store {
     /// path, or `None` for [`DEFAULT_SQLITE_FILE`]), runs idem's migrations and
     /// creates the `payments` table.
     pub async fn open(url: Option<&str>) -> Result<Self, Box<dyn std::error::Error + Send + Sync>> {
+        Self::open_with(url, Policy::default()).await
+    }
+
+    /// Like [`Store::open`], with a policy other than the default.
+    pub async fn open_with(
+        url: Option<&str>,
+        policy: Policy,
+    ) -> Result<Self, Box<dyn std::error::Error + Send + Sync>> {
+        const POOL: u32 = 8;
         let store = match url {
             Some(url) if url.starts_with("postgres://") || url.starts_with("postgresql://") => {
-                Store::Postgres(Engine::<Postgres>::connect_postgres(url).await?)
+                let pool = idem::store::postgres::connect(url, &policy, POOL).await?;
+                Store::Postgres(Engine::new(pool).with_policy(policy))
             }
-            Some(url) => {
+            url => {
+                let url = url.unwrap_or(DEFAULT_SQLITE_FILE);
                 let path = url
                     .strip_prefix("sqlite://")
                     .or_else(|| url.strip_prefix("sqlite:"))
                     .unwrap_or(url);
-                Store::Sqlite(Engine::<Sqlite>::open_sqlite(path).await?)
+                let pool = idem::store::sqlite::open(path, &policy, POOL).await?;
+                Store::Sqlite(Engine::new(pool).with_policy(policy))
             }
-            None => Store::Sqlite(Engine::<Sqlite>::open_sqlite(DEFAULT_SQLITE_FILE).await?),
         };
         match &store {
             Store::Sqlite(engine) => {
@@ -420,8 +432,9 @@ fn now_millis() -> i64 {
         .unwrap_or(0)
 }
 
-/// Fault injection: real with the `faults` feature, inert without it.
-#[cfg(feature = "faults")]
+/// Fault injection: `X-Idem-Fault` is honoured only when the service was
+/// started with `--allow-faults`, and aborts only in a build with idem's
+/// `faults` feature.
 mod fault {
     pub use idem::faults::FaultPoint;
 
@@ -439,22 +452,5 @@ mod fault {
     }
 }
 
-#[cfg(not(feature = "faults"))]
-mod fault {
-    /// The crash points (inert without the `faults` feature).
-    #[derive(Debug, Clone, Copy)]
-    pub enum FaultPoint {
-        AfterClaim,
-        AfterBusinessWrite,
-        AfterCommit,
-    }
-
-    pub fn armed(_allowed: bool, _headers: &axum::http::HeaderMap) -> Option<FaultPoint> {
-        None
-    }
-
-    pub fn at(_armed: Option<FaultPoint>, _here: FaultPoint) {}
-}
-
 /// Whether this build can inject faults.
-pub const FAULTS_COMPILED: bool = cfg!(feature = "faults");
+pub const FAULTS_COMPILED: bool = idem::faults::ENABLED;

@@ -1,9 +1,13 @@
-//! Crash points for fault-injection tests (feature `faults`).
+//! Crash points for fault-injection tests.
 //!
 //! A test names a point; the service calls [`abort_at`] at each point of its
 //! request path, and the process dies there with [`std::process::abort`]: no
-//! unwinding, no destructors, no commit, exactly like a kill. Never enable this
-//! feature in a production build.
+//! unwinding, no destructors, no commit, exactly like a kill.
+//!
+//! Only a build with the `faults` feature can abort ([`ENABLED`]); without it
+//! [`abort_at`] does nothing. Never enable the feature in a production build;
+//! services should also require an explicit flag before they honour a fault
+//! request.
 
 use std::fmt;
 use std::str::FromStr;
@@ -59,9 +63,18 @@ impl FromStr for FaultPoint {
     }
 }
 
-/// Aborts the process if `armed` names `here`.
+/// Whether this build was compiled with the `faults` feature.
+pub const ENABLED: bool = cfg!(feature = "faults");
+
+/// Aborts the process if `armed` names `here` and [`ENABLED`] is true.
+///
+/// ```
+/// use idem_runtime::faults::{abort_at, FaultPoint};
+/// abort_at(None, FaultPoint::AfterClaim); // nothing armed: returns
+/// abort_at(Some(FaultPoint::AfterCommit), FaultPoint::AfterClaim); // another point: returns
+/// ```
 pub fn abort_at(armed: Option<FaultPoint>, here: FaultPoint) {
-    if armed == Some(here) {
+    if ENABLED && armed == Some(here) {
         eprintln!("idem fault injection: aborting {here}");
         std::process::abort();
     }

@@ -21,7 +21,6 @@
 
 pub mod engine;
 pub mod error;
-#[cfg(feature = "faults")]
 pub mod faults;
 pub mod fingerprint;
 mod hex;
