@@ -21,8 +21,12 @@
 
 pub mod engine;
 pub mod error;
+#[cfg(feature = "faults")]
+pub mod faults;
 pub mod fingerprint;
 mod hex;
+#[cfg(feature = "axum")]
+pub mod http;
 pub mod key;
 pub mod operation;
 pub mod outcome;
