@@ -24,7 +24,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         )
     };
 
-    println!("{:<34} {}", "attempt", "answer");
+    println!("{:<34} answer", "attempt");
     for attempt in [
         "first attempt",
         "client retry (response lost)",
@@ -35,7 +35,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 sqlx::query("INSERT INTO payments (tenant, amount_cents) VALUES ('acme', 2500)")
                     .execute(&mut *tx)
                     .await?;
-                Ok::<_, Problem>(format!("charged 2500 cents"))
+                Ok::<_, Problem>("charged 2500 cents".to_string())
             })
             .await?;
         let how = match done.via {

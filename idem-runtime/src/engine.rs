@@ -223,13 +223,9 @@ impl<DB: Backend> Engine<DB> {
                 Err(error) => return self.store_down(op, &policy, error).await,
             }
         }
-        let mut tx = match DB::begin_claim(&self.pool, op, &policy).await {
-            Ok(tx) => tx,
+        let (mut tx, record) = match DB::lock_and_read(&self.pool, op, &policy).await {
+            Ok(claimed) => claimed,
             Err(error) if DB::is_lock_busy(&error) => return Err(in_progress_unknown()),
-            Err(error) => return self.store_down(op, &policy, error).await,
-        };
-        let record = match DB::lookup(&mut tx, op).await {
-            Ok(record) => record,
             Err(error) => return self.store_down(op, &policy, error).await,
         };
         let via = match decide(record, op) {
@@ -237,26 +233,35 @@ impl<DB: Backend> Engine<DB> {
             Decision::Replay(stored) => return Ok(Claim::Replay(stored)),
             Decision::Refuse(error) => return Err(error),
         };
-        let mut guard = ClaimGuard {
+        let mut token = None;
+        if policy.claim_mode == ClaimMode::Durable {
+            // Commit the in_progress row before opening the work's transaction:
+            // never hold two connections at once, so a full pool cannot deadlock.
+            let claimed = claim_token();
+            let committed = async {
+                DB::write_in_progress(&mut tx, op, claimed, &policy).await?;
+                tx.commit().await
+            };
+            if let Err(error) = committed.await {
+                return Err(unavailable(&policy, error));
+            }
+            tx = match self.pool.begin().await {
+                Ok(tx) => tx,
+                Err(error) => {
+                    let _ = DB::release_claim(&self.pool, op, claimed).await;
+                    return Err(unavailable(&policy, error));
+                }
+            };
+            token = Some(claimed);
+        }
+        let guard = ClaimGuard {
             tx,
             op: op.clone(),
             policy,
             via,
-            token: None,
+            token,
             pool: self.pool.clone(),
         };
-        if policy.claim_mode == ClaimMode::Durable {
-            let token = claim_token();
-            let durable = async {
-                DB::write_in_progress(&mut guard.tx, op, token, &policy).await?;
-                let tx = std::mem::replace(&mut guard.tx, self.pool.begin().await?);
-                tx.commit().await
-            };
-            if let Err(error) = durable.await {
-                return Err(unavailable(&policy, error));
-            }
-            guard.token = Some(token);
-        }
         Ok(Claim::Execute(guard))
     }
 

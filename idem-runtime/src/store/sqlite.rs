@@ -128,24 +128,21 @@ impl Backend for Sqlite {
         &MIGRATOR
     }
 
-    async fn begin_claim<'a>(
+    async fn lock_and_read<'a>(
         pool: &'a Pool<Self>,
-        _op: &'a Operation,
-        _policy: &'a Policy,
-    ) -> Result<Transaction<'static, Self>, sqlx::Error> {
-        pool.begin_with("BEGIN IMMEDIATE").await
-    }
-
-    async fn lookup<'a>(
-        conn: &'a mut SqliteConnection,
         op: &'a Operation,
-    ) -> Result<Option<Record>, sqlx::Error> {
+        _policy: &'a Policy,
+    ) -> Result<(Transaction<'static, Self>, Option<Record>), sqlx::Error> {
+        // The write lock up front: a deferred transaction that upgrades later
+        // can fail with SQLITE_BUSY_SNAPSHOT instead of waiting.
+        let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
         let row = sqlx::query(SELECT_RECORD)
             .bind(op.scope.as_stored())
             .bind(op.key.as_str())
-            .fetch_optional(conn)
+            .fetch_optional(&mut *tx)
             .await?;
-        row.as_ref().map(record).transpose()
+        let record = row.as_ref().map(record).transpose()?;
+        Ok((tx, record))
     }
 
     async fn lookup_unlocked<'a>(
