@@ -34,7 +34,7 @@ pub fn operation_span(op: &Operation) -> Span {
 /// Records `outcome` on the current span (a no-op outside an [`operation_span`]).
 pub fn record_outcome(outcome: &'static str) {
     Span::current().record("outcome", outcome);
-    tracing::debug!(outcome, "idempotent request answered");
+    tracing::info!(outcome, "idempotent request answered");
 }
 
 /// The outcome label of a result.
