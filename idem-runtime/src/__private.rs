@@ -9,6 +9,7 @@ use std::time::Duration;
 pub use core;
 pub use inventory;
 pub use serde;
+pub use sqlx;
 
 pub use crate::engine::{Claim, ClaimGuard, Completed, Engine};
 pub use crate::error::IdemError;
