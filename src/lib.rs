@@ -13,6 +13,9 @@
 //!   key, its business writes commit in the same transaction as its stored
 //!   outcome, and every retry gets that outcome back.
 //!
+//! The engine alone (without macros) is documented in [`idem_runtime`]; every
+//! runtime item is re-exported here.
+//!
 //! ```no_run
 //! use idem::sqlx::SqliteConnection;
 //! use idem::{idempotent, steps, ErrorOutcome, Fingerprint, IdempotencyKey};
@@ -84,21 +87,10 @@
 //! # Ok(()) }
 //! ```
 
-#[doc(inline)]
-pub use idem_runtime::{
-    check_step_name, child_key, fingerprint, Backend, Claim, ClaimGuard, ClaimMode, Completed, Disposition, Engine,
-    ErrorOutcome, FailureMode, FingerprintHasher, IdemError, IdempotencyKey, KeyError, Operation, Outcome, Policy,
-    Problem, ReplayError, RequestHash, Scope, ScopePart, Step, StoredResponse, Via,
-};
-#[doc(inline)]
-pub use idem_runtime::{engine, policy, store};
+pub use idem_runtime::*;
 
-pub use idem_runtime::sqlx;
-
-#[doc(hidden)]
-pub use idem_runtime::__private;
-
-/// The step registry: declared steps, their uses, and the startup check.
+/// The step registry: declared steps, their uses, and the startup check
+/// ([`registry::validate`]).
 pub mod registry {
     #[doc(inline)]
     pub use idem_runtime::registry::*;
@@ -157,7 +149,6 @@ pub mod registry {
 /// );
 /// ```
 pub use idem_macros::Fingerprint;
-pub use idem_runtime::Fingerprint;
 
 /// Declares step constants: each name is checked at compile time (`name.vN`)
 /// and registered, with its module path, file and line, for

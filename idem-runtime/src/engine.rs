@@ -1,8 +1,6 @@
 //! The engine: claim `(scope, key)`, run the work in the claim's transaction,
 //! store the outcome in that same transaction, commit; or replay, or refuse.
 
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -14,9 +12,6 @@ use crate::operation::Operation;
 use crate::outcome::{Disposition, Outcome, StoredResponse};
 use crate::policy::{ClaimMode, FailureMode, Policy};
 use crate::store::{Backend, Record, RecordStatus};
-
-/// The future a unit of work returns: it borrows the claim's connection.
-pub type WorkFuture<'c, O> = Pin<Box<dyn Future<Output = O> + Send + 'c>>;
 
 /// How an operation's answer came about.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -77,11 +72,10 @@ pub struct Stats {
 ///
 /// let op = Operation::new(Scope::tenant("acme"), IdempotencyKey::new("k-1")?, "charge-card.v1", &2500i64);
 /// let done = engine
-///     .run(&op, |tx| Box::pin(async move {
-///         sqlx::query("INSERT INTO payments (amount) VALUES (2500)").execute(&mut *tx).await
-///             ?;
+///     .run(&op, async |tx| {
+///         sqlx::query("INSERT INTO payments (amount) VALUES (2500)").execute(&mut *tx).await?;
 ///         Ok::<_, idem_runtime::Problem>("pay_1".to_string())
-///     }))
+///     })
 ///     .await?;
 /// println!("{:?} via {}", done.value, done.via.label());
 /// # Ok(()) }
@@ -94,17 +88,26 @@ pub struct Engine<DB: Backend> {
 
 impl<DB: Backend> Clone for Engine<DB> {
     fn clone(&self) -> Self {
-        Self { pool: self.pool.clone(), policy: self.policy, counters: self.counters.clone() }
+        Self {
+            pool: self.pool.clone(),
+            policy: self.policy,
+            counters: self.counters.clone(),
+        }
     }
 }
 
 impl<DB: Backend> std::fmt::Debug for Engine<DB> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Engine").field("backend", &<DB as sqlx::Database>::NAME).field("policy", &self.policy).finish()
+        f.debug_struct("Engine")
+            .field("backend", &<DB as sqlx::Database>::NAME)
+            .field("policy", &self.policy)
+            .finish()
     }
 }
 
 /// The outcome of a claim: run the work, or answer from the store.
+// Returned once and matched at once; boxing the guard would only add an allocation.
+#[allow(clippy::large_enum_variant)]
 pub enum Claim<DB: Backend> {
     /// This attempt owns the key: do the work through the guard, then finish it.
     Execute(ClaimGuard<DB>),
@@ -115,14 +118,21 @@ pub enum Claim<DB: Backend> {
 impl<DB: Backend> Claim<DB> {
     /// Decodes a replayed response into the operation's outcome type.
     pub fn replayed<O: Outcome>(stored: StoredResponse) -> Result<Completed<O>, IdemError> {
-        Ok(Completed { value: O::from_stored(stored)?, via: Via::Replayed })
+        Ok(Completed {
+            value: O::from_stored(stored)?,
+            via: Via::Replayed,
+        })
     }
 }
 
 impl<DB: Backend> Engine<DB> {
     /// An engine over `pool` with the default [`Policy`].
     pub fn new(pool: Pool<DB>) -> Self {
-        Self { pool, policy: Policy::default(), counters: Arc::default() }
+        Self {
+            pool,
+            policy: Policy::default(),
+            counters: Arc::default(),
+        }
     }
 
     /// Replaces the default policy (each [`Operation`] may still override it).
@@ -154,10 +164,13 @@ impl<DB: Backend> Engine<DB> {
 
     /// The engine's counters.
     pub fn stats(&self) -> Stats {
-        Stats { failed_open: self.counters.failed_open.load(Ordering::Relaxed) }
+        Stats {
+            failed_open: self.counters.failed_open.load(Ordering::Relaxed),
+        }
     }
 
-    /// Runs `work` under `op`'s key.
+    /// Runs `work` under `op`'s key. `work` is an async closure that receives
+    /// the claim's connection, inside the claim's transaction.
     ///
     /// - No record (or an expired one): `work` runs with the claim's open
     ///   transaction; its outcome is stored in that transaction if
@@ -174,7 +187,7 @@ impl<DB: Backend> Engine<DB> {
     pub async fn run<O, F>(&self, op: &Operation, work: F) -> Result<Completed<O>, IdemError>
     where
         O: Outcome + Send,
-        F: for<'c> FnOnce(&'c mut DB::Connection) -> WorkFuture<'c, O>,
+        F: AsyncFnOnce(&mut DB::Connection) -> O,
     {
         match self.claim(op).await? {
             Claim::Replay(stored) => Claim::<DB>::replayed(stored),
@@ -224,7 +237,14 @@ impl<DB: Backend> Engine<DB> {
             Decision::Replay(stored) => return Ok(Claim::Replay(stored)),
             Decision::Refuse(error) => return Err(error),
         };
-        let mut guard = ClaimGuard { tx, op: op.clone(), policy, via, token: None, pool: self.pool.clone() };
+        let mut guard = ClaimGuard {
+            tx,
+            op: op.clone(),
+            policy,
+            via,
+            token: None,
+            pool: self.pool.clone(),
+        };
         if policy.claim_mode == ClaimMode::Durable {
             let token = claim_token();
             let durable = async {
@@ -240,7 +260,12 @@ impl<DB: Backend> Engine<DB> {
         Ok(Claim::Execute(guard))
     }
 
-    async fn store_down(&self, op: &Operation, policy: &Policy, error: sqlx::Error) -> Result<Claim<DB>, IdemError> {
+    async fn store_down(
+        &self,
+        op: &Operation,
+        policy: &Policy,
+        error: sqlx::Error,
+    ) -> Result<Claim<DB>, IdemError> {
         if policy.failure_mode == FailureMode::Closed {
             return Err(unavailable(policy, error));
         }
@@ -291,7 +316,9 @@ impl<DB: Backend> Engine<DB> {
                 match engine.purge_expired(batch).await {
                     Ok(0) => {}
                     Ok(deleted) => tracing::debug!(deleted, "purged expired idempotency records"),
-                    Err(error) => tracing::warn!(%error, "purging expired idempotency records failed"),
+                    Err(error) => {
+                        tracing::warn!(%error, "purging expired idempotency records failed")
+                    }
                 }
             }
         })
@@ -346,7 +373,14 @@ impl<DB: Backend> ClaimGuard<DB> {
 
     /// Stores the response and commits, or rolls back on [`Disposition::Discard`].
     pub async fn finish(self, disposition: Disposition) -> Result<(), IdemError> {
-        let Self { mut tx, op, policy, via, token, pool } = self;
+        let Self {
+            mut tx,
+            op,
+            policy,
+            via,
+            token,
+            pool,
+        } = self;
         let response = match disposition {
             Disposition::Store(response) => response,
             Disposition::Discard => {
@@ -362,10 +396,15 @@ impl<DB: Backend> ClaimGuard<DB> {
         let written = match (via, token) {
             (Via::FailedOpen, _) => Ok(true),
             (_, Some(token)) => DB::complete_claim(&mut tx, &op, token, &response, &policy).await,
-            (_, None) => DB::write_completed(&mut tx, &op, &response, &policy).await.map(|()| true),
+            (_, None) => DB::write_completed(&mut tx, &op, &response, &policy)
+                .await
+                .map(|()| true),
         };
         match written {
-            Ok(true) => tx.commit().await.map_err(|error| unavailable(&policy, error)),
+            Ok(true) => tx
+                .commit()
+                .await
+                .map_err(|error| unavailable(&policy, error)),
             Ok(false) => Err(IdemError::LockLost),
             Err(error) => Err(unavailable(&policy, error)),
         }
@@ -392,20 +431,25 @@ fn decide(record: Option<Record>, op: &Operation) -> Decision {
     match (record.status, record.response, record.lock_left) {
         (RecordStatus::Completed, Some(stored), _) => Decision::Replay(stored),
         (RecordStatus::Completed, None, _) => Decision::Execute(Via::Executed),
-        (RecordStatus::InProgress, _, Some(left)) => {
-            Decision::Refuse(IdemError::InProgress { retry_after: whole_seconds(left) })
-        }
+        (RecordStatus::InProgress, _, Some(left)) => Decision::Refuse(IdemError::InProgress {
+            retry_after: whole_seconds(left),
+        }),
         (RecordStatus::InProgress, _, None) => Decision::Execute(Via::TookOver),
     }
 }
 
 /// A duplicate waited its bound for an uncommitted claim whose lock time is unknown.
 fn in_progress_unknown() -> IdemError {
-    IdemError::InProgress { retry_after: Duration::from_secs(1) }
+    IdemError::InProgress {
+        retry_after: Duration::from_secs(1),
+    }
 }
 
 fn unavailable(policy: &Policy, source: sqlx::Error) -> IdemError {
-    IdemError::Unavailable { retry_after: whole_seconds(policy.unavailable_retry_after), source }
+    IdemError::Unavailable {
+        retry_after: whole_seconds(policy.unavailable_retry_after),
+        source,
+    }
 }
 
 /// A random token that marks which attempt owns a durable claim.
@@ -413,6 +457,11 @@ fn claim_token() -> i64 {
     use std::hash::{BuildHasher, Hasher};
     use std::time::{SystemTime, UNIX_EPOCH};
     let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
-    hasher.write_u128(SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0));
+    hasher.write_u128(
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0),
+    );
     hasher.finish() as i64
 }

@@ -64,7 +64,9 @@ impl IdemError {
     /// Seconds for a `Retry-After` header, where the error has one.
     pub fn retry_after(&self) -> Option<Duration> {
         match self {
-            IdemError::InProgress { retry_after } | IdemError::Unavailable { retry_after, .. } => Some(*retry_after),
+            IdemError::InProgress { retry_after } | IdemError::Unavailable { retry_after, .. } => {
+                Some(*retry_after)
+            }
             _ => None,
         }
     }

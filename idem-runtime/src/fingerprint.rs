@@ -150,7 +150,10 @@ impl FingerprintHasher {
     }
 
     /// Writes a sequence of values in order.
-    pub fn write_seq<'a, T: Fingerprint + 'a>(&mut self, items: impl ExactSizeIterator<Item = &'a T>) {
+    pub fn write_seq<'a, T: Fingerprint + 'a>(
+        &mut self,
+        items: impl ExactSizeIterator<Item = &'a T>,
+    ) {
         self.tag(b'l');
         self.len(items.len());
         for item in items {
@@ -165,8 +168,10 @@ impl FingerprintHasher {
     }
 
     /// Writes map entries, which must come in ascending key order.
-    pub fn write_sorted_map<'a, K, V>(&mut self, entries: impl ExactSizeIterator<Item = (&'a K, &'a V)>)
-    where
+    pub fn write_sorted_map<'a, K, V>(
+        &mut self,
+        entries: impl ExactSizeIterator<Item = (&'a K, &'a V)>,
+    ) where
         K: Fingerprint + 'a,
         V: Fingerprint + 'a,
     {
@@ -179,7 +184,10 @@ impl FingerprintHasher {
     }
 
     /// Writes set elements, which must come in ascending order.
-    pub fn write_sorted_set<'a, T: Fingerprint + 'a>(&mut self, items: impl ExactSizeIterator<Item = &'a T>) {
+    pub fn write_sorted_set<'a, T: Fingerprint + 'a>(
+        &mut self,
+        items: impl ExactSizeIterator<Item = &'a T>,
+    ) {
         self.tag(b'e');
         self.len(items.len());
         for item in items {
@@ -202,7 +210,12 @@ impl FingerprintHasher {
     }
 
     /// Writes a field through a custom function (`#[fingerprint(with = path)]`).
-    pub fn write_field_with<T: ?Sized>(&mut self, name: &str, value: &T, with: fn(&T, &mut FingerprintHasher)) {
+    pub fn write_field_with<T: ?Sized>(
+        &mut self,
+        name: &str,
+        value: &T,
+        with: fn(&T, &mut FingerprintHasher),
+    ) {
         self.write_str(name);
         with(value, self);
     }
@@ -515,20 +528,35 @@ mod tests {
 
     #[test]
     fn strings_are_length_prefixed() {
-        assert_ne!(fingerprint("s.v1", &("ab", "c")), fingerprint("s.v1", &("a", "bc")));
-        assert_ne!(fingerprint("s.v1", &vec!["ab".to_string()]), fingerprint("s.v1", &vec!["a".to_string(), "b".to_string()]));
+        assert_ne!(
+            fingerprint("s.v1", &("ab", "c")),
+            fingerprint("s.v1", &("a", "bc"))
+        );
+        assert_ne!(
+            fingerprint("s.v1", &vec!["ab".to_string()]),
+            fingerprint("s.v1", &vec!["a".to_string(), "b".to_string()])
+        );
     }
 
     #[test]
     fn options_in_sequences_stay_distinct() {
-        assert_ne!(fingerprint("s.v1", &vec![None, Some(1)]), fingerprint("s.v1", &vec![Some(1), None]));
-        assert_ne!(fingerprint("s.v1", &None::<i32>), fingerprint("s.v1", &Some(0)));
+        assert_ne!(
+            fingerprint("s.v1", &vec![None, Some(1)]),
+            fingerprint("s.v1", &vec![Some(1), None])
+        );
+        assert_ne!(
+            fingerprint("s.v1", &None::<i32>),
+            fingerprint("s.v1", &Some(0))
+        );
     }
 
     #[test]
     fn floats_are_canonical() {
         assert_eq!(fingerprint("s.v1", &0.0f64), fingerprint("s.v1", &-0.0f64));
-        assert_eq!(fingerprint("s.v1", &f64::NAN), fingerprint("s.v1", &-f64::NAN));
+        assert_eq!(
+            fingerprint("s.v1", &f64::NAN),
+            fingerprint("s.v1", &-f64::NAN)
+        );
         assert_eq!(fingerprint("s.v1", &1.5f32), fingerprint("s.v1", &1.5f64));
     }
 
@@ -572,6 +600,54 @@ mod tests {
         #[test]
         fn step_name_is_part_of_the_fingerprint(value in any::<i64>()) {
             prop_assert_ne!(fingerprint("a.v1", &value), fingerprint("a.v2", &value));
+        }
+    }
+}
+
+#[cfg(test)]
+mod struct_encoding_tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// Written exactly as `#[derive(Fingerprint)]` writes a struct: fields in
+    /// ascending name order, `None` fields left out.
+    struct V1 {
+        amount: i64,
+        currency: String,
+    }
+    struct V2 {
+        currency: String,
+        amount: i64,
+        memo: Option<String>,
+        requested_at: String, // skipped
+    }
+    impl Fingerprint for V1 {
+        fn fingerprint(&self, h: &mut FingerprintHasher) {
+            h.begin_struct();
+            h.write_field("amount", &self.amount);
+            h.write_field("currency", &self.currency);
+            h.end_struct();
+        }
+    }
+    impl Fingerprint for V2 {
+        fn fingerprint(&self, h: &mut FingerprintHasher) {
+            h.begin_struct();
+            h.write_field("amount", &self.amount);
+            h.write_field("currency", &self.currency);
+            h.write_field("memo", &self.memo);
+            h.end_struct();
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn a_new_none_field_and_a_skipped_field_keep_old_fingerprints(amount in any::<i64>(), currency in "[A-Z]{3}", at in any::<String>()) {
+            let old = V1 { amount, currency: currency.clone() };
+            let new = V2 { currency: currency.clone(), amount, memo: None, requested_at: at };
+            prop_assert_eq!(fingerprint("charge.v1", &old), fingerprint("charge.v1", &new));
+            let with_memo = V2 { memo: Some(String::new()), ..new };
+            prop_assert_ne!(fingerprint("charge.v1", &old), fingerprint("charge.v1", &with_memo));
+            let _ = &with_memo.requested_at;
         }
     }
 }

@@ -84,7 +84,11 @@ fn validate(key: &str) -> Result<(), KeyError> {
     if key.len() > MAX_KEY_LEN {
         return Err(KeyError::TooLong { len: key.len() });
     }
-    if let Some((position, byte)) = key.bytes().enumerate().find(|(_, b)| !(b'!'..=b'~').contains(b)) {
+    if let Some((position, byte)) = key
+        .bytes()
+        .enumerate()
+        .find(|(_, b)| !(b'!'..=b'~').contains(b))
+    {
         let what = match byte {
             b' ' => "a space",
             0..=0x1f | 0x7f => "a control character",
@@ -136,14 +140,23 @@ mod tests {
     #[test]
     fn names_the_rule_that_failed() {
         assert_eq!(IdempotencyKey::new(""), Err(KeyError::Empty));
-        assert_eq!(IdempotencyKey::new("x".repeat(300)), Err(KeyError::TooLong { len: 300 }));
+        assert_eq!(
+            IdempotencyKey::new("x".repeat(300)),
+            Err(KeyError::TooLong { len: 300 })
+        );
         assert_eq!(
             IdempotencyKey::new("ab\ncd"),
-            Err(KeyError::InvalidCharacter { position: 2, what: "a control character" })
+            Err(KeyError::InvalidCharacter {
+                position: 2,
+                what: "a control character"
+            })
         );
         assert_eq!(
             IdempotencyKey::new("é"),
-            Err(KeyError::InvalidCharacter { position: 0, what: "a non-ASCII character" })
+            Err(KeyError::InvalidCharacter {
+                position: 0,
+                what: "a non-ASCII character"
+            })
         );
         assert!(IdempotencyKey::new("x".repeat(255)).is_ok());
     }

@@ -23,8 +23,12 @@
 pub mod __private;
 pub mod engine;
 pub mod error;
+#[cfg(feature = "faults")]
+pub mod faults;
 pub mod fingerprint;
 mod hex;
+#[cfg(feature = "axum")]
+pub mod http;
 pub mod key;
 pub mod operation;
 pub mod outcome;
@@ -37,7 +41,7 @@ pub mod store;
 #[cfg(feature = "test-support")]
 pub mod test_support;
 
-pub use engine::{Claim, ClaimGuard, Completed, Engine, Stats, Via, WorkFuture};
+pub use engine::{Claim, ClaimGuard, Completed, Engine, Stats, Via};
 pub use error::IdemError;
 pub use fingerprint::{fingerprint, Fingerprint, FingerprintHasher, RequestHash};
 pub use key::{IdempotencyKey, KeyError};

@@ -29,13 +29,29 @@ pub struct Operation {
 
 impl Operation {
     /// An operation whose fingerprint is computed from `request`.
-    pub fn new<T: Fingerprint + ?Sized>(scope: Scope, key: IdempotencyKey, step: &'static str, request: &T) -> Self {
+    pub fn new<T: Fingerprint + ?Sized>(
+        scope: Scope,
+        key: IdempotencyKey,
+        step: &'static str,
+        request: &T,
+    ) -> Self {
         Self::with_fingerprint(scope, key, step, fingerprint(step, request))
     }
 
     /// An operation with a fingerprint computed elsewhere.
-    pub fn with_fingerprint(scope: Scope, key: IdempotencyKey, step: &'static str, fingerprint: RequestHash) -> Self {
-        Self { scope, key, step, fingerprint, policy: None }
+    pub fn with_fingerprint(
+        scope: Scope,
+        key: IdempotencyKey,
+        step: &'static str,
+        fingerprint: RequestHash,
+    ) -> Self {
+        Self {
+            scope,
+            key,
+            step,
+            fingerprint,
+            policy: None,
+        }
     }
 
     /// Overrides the engine's default policy for this operation.

@@ -105,11 +105,17 @@ where
     fn disposition(&self) -> Disposition {
         let (status, body) = match self {
             Ok(value) => (SUCCESS_STATUS, serde_json::to_vec(value)),
-            Err(error) if StoredResponse::is_storable_status(error.status()) => (error.status(), serde_json::to_vec(error)),
+            Err(error) if StoredResponse::is_storable_status(error.status()) => {
+                (error.status(), serde_json::to_vec(error))
+            }
             Err(_) => return Disposition::Discard,
         };
         match body {
-            Ok(body) => Disposition::Store(StoredResponse { status, content_type: JSON.to_owned(), body }),
+            Ok(body) => Disposition::Store(StoredResponse {
+                status,
+                content_type: JSON.to_owned(),
+                body,
+            }),
             Err(error) => {
                 tracing::error!(%error, "outcome could not be serialized; rolling back");
                 Disposition::Discard
@@ -123,7 +129,10 @@ where
         } else {
             serde_json::from_slice(&stored.body).map(Err)
         };
-        decoded.map_err(|source| ReplayError { status: stored.status, source })
+        decoded.map_err(|source| ReplayError {
+            status: stored.status,
+            source,
+        })
     }
 }
 

@@ -29,7 +29,11 @@ pub struct Problem {
 impl Problem {
     /// A problem with a status and title.
     pub fn new(status: u16, title: impl Into<String>) -> Self {
-        Self { status, title: title.into(), detail: None }
+        Self {
+            status,
+            title: title.into(),
+            detail: None,
+        }
     }
 
     /// Adds a detail.

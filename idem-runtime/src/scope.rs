@@ -37,7 +37,9 @@ impl Scope {
     /// assert_ne!(Scope::from_parts(["a/1:b"]), Scope::from_parts(["a", "b"]));
     /// ```
     pub fn from_parts<'a>(parts: impl IntoIterator<Item = &'a str>) -> Self {
-        let mut scope = Self { stored: String::new() };
+        let mut scope = Self {
+            stored: String::new(),
+        };
         for part in parts {
             scope.push(part);
         }

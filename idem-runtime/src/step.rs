@@ -18,7 +18,9 @@ pub enum StepNameError {
     #[error("step name has no version; end it with `.v1`, `.v2`, ..., e.g. `charge-card.v1`")]
     MissingVersion,
     /// The version after `.v` was not a number without leading zeros.
-    #[error("step version must be a number without leading zeros after `.v`, e.g. `charge-card.v2`")]
+    #[error(
+        "step version must be a number without leading zeros after `.v`, e.g. `charge-card.v2`"
+    )]
     BadVersion,
     /// The name part broke the character rules.
     #[error("step name must start with a lowercase letter and hold only lowercase letters, digits and dashes before `.vN`, e.g. `charge-card.v1`")]
@@ -122,12 +124,21 @@ mod tests {
             assert_eq!(check_step_name(ok), Ok(()), "{ok}");
         }
         assert_eq!(check_step_name(""), Err(StepNameError::Empty));
-        assert_eq!(check_step_name("charge"), Err(StepNameError::MissingVersion));
+        assert_eq!(
+            check_step_name("charge"),
+            Err(StepNameError::MissingVersion)
+        );
         assert_eq!(check_step_name("charge.v"), Err(StepNameError::BadVersion));
         assert_eq!(check_step_name("charge.v0"), Err(StepNameError::BadVersion));
-        assert_eq!(check_step_name("charge.v1a"), Err(StepNameError::BadVersion));
+        assert_eq!(
+            check_step_name("charge.v1a"),
+            Err(StepNameError::BadVersion)
+        );
         assert_eq!(check_step_name("Charge.v1"), Err(StepNameError::BadName));
-        assert_eq!(check_step_name("charge_card.v1"), Err(StepNameError::BadName));
+        assert_eq!(
+            check_step_name("charge_card.v1"),
+            Err(StepNameError::BadName)
+        );
         assert_eq!(check_step_name(".v1"), Err(StepNameError::BadName));
         assert_eq!(check_step_name("1charge.v1"), Err(StepNameError::BadName));
     }

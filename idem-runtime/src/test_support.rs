@@ -15,8 +15,11 @@ use std::sync::OnceLock;
 use sqlx::{Connection, Executor, PgConnection};
 
 /// Settings for a test cluster: fast, not durable (tests kill clients, not the server).
-pub const FAST_SETTINGS: &[(&str, &str)] =
-    &[("fsync", "off"), ("synchronous_commit", "off"), ("full_page_writes", "off")];
+pub const FAST_SETTINGS: &[(&str, &str)] = &[
+    ("fsync", "off"),
+    ("synchronous_commit", "off"),
+    ("full_page_writes", "off"),
+];
 
 /// A running Postgres server.
 #[derive(Debug)]
@@ -45,8 +48,12 @@ impl PgServer {
     /// Uses `IDEM_TEST_DATABASE_URL` if set, else starts a cluster with `settings`.
     pub fn from_env_or_start(settings: &[(&str, &str)]) -> Self {
         match std::env::var("IDEM_TEST_DATABASE_URL") {
-            Ok(url) if !url.is_empty() => Self { base_url: url, settings: Vec::new() },
-            _ => Self::start(settings).unwrap_or_else(|error| panic!("{}", how_to_get_postgres(&error))),
+            Ok(url) if !url.is_empty() => Self {
+                base_url: url,
+                settings: Vec::new(),
+            },
+            _ => Self::start(settings)
+                .unwrap_or_else(|error| panic!("{}", how_to_get_postgres(&error))),
         }
     }
 
@@ -61,7 +68,12 @@ impl PgServer {
         let data = root.join("data");
         let as_root = is_root();
         if as_root {
-            run(Command::new("chown").args(["-R", "postgres:postgres"]).arg(&root), "chown")?;
+            run(
+                Command::new("chown")
+                    .args(["-R", "postgres:postgres"])
+                    .arg(&root),
+                "chown",
+            )?;
         }
         let port = free_port()?;
         let pg = |tool: &str| -> Command {
@@ -75,19 +87,41 @@ impl PgServer {
             }
         };
         run(
-            pg("initdb").arg("-D").arg(&data).args(["-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-locale", "--no-sync"]),
+            pg("initdb").arg("-D").arg(&data).args([
+                "-U",
+                "postgres",
+                "--auth=trust",
+                "-E",
+                "UTF8",
+                "--no-locale",
+                "--no-sync",
+            ]),
             "initdb",
         )?;
-        let mut options = format!("-c listen_addresses=127.0.0.1 -p {port} -k {} -c max_connections=300", root.display());
+        let mut options = format!(
+            "-c listen_addresses=127.0.0.1 -p {port} -k {} -c max_connections=300",
+            root.display()
+        );
         for (name, value) in settings {
             options.push_str(&format!(" -c {name}={value}"));
         }
         let log = root.join("postgres.log");
-        run(pg("pg_ctl").arg("-D").arg(&data).arg("-l").arg(&log).args(["-o", &options, "-w", "-t", "60", "start"]), "pg_ctl start")?;
+        run(
+            pg("pg_ctl")
+                .arg("-D")
+                .arg(&data)
+                .arg("-l")
+                .arg(&log)
+                .args(["-o", &options, "-w", "-t", "60", "start"]),
+            "pg_ctl start",
+        )?;
         spawn_watchdog(&bin, &root, &data, as_root);
         Ok(Self {
             base_url: format!("postgres://postgres@127.0.0.1:{port}"),
-            settings: settings.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+            settings: settings
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
         })
     }
 
@@ -98,7 +132,9 @@ impl PgServer {
             None => (self.base_url.as_str(), None),
         };
         let authority = base.find("://").map_or(0, |i| i + 3);
-        let path = base[authority..].find('/').map_or(base.len(), |i| authority + i);
+        let path = base[authority..]
+            .find('/')
+            .map_or(base.len(), |i| authority + i);
         let mut url = format!("{}/{name}", &base[..path]);
         if let Some(query) = query {
             url.push('?');
@@ -114,10 +150,19 @@ impl PgServer {
 
     /// Creates a new, empty database and returns its URL.
     pub async fn fresh_database(&self) -> String {
-        let name = format!("idem_{}_{}", std::process::id(), NEXT_DB.fetch_add(1, Ordering::Relaxed));
+        let name = format!(
+            "idem_{}_{}",
+            std::process::id(),
+            NEXT_DB.fetch_add(1, Ordering::Relaxed)
+        );
         let mut admin = PgConnection::connect(&self.url("postgres"))
             .await
-            .unwrap_or_else(|e| panic!("cannot reach the test Postgres server at {}: {e}", self.base_url));
+            .unwrap_or_else(|e| {
+                panic!(
+                    "cannot reach the test Postgres server at {}: {e}",
+                    self.base_url
+                )
+            });
         admin
             .execute(format!("CREATE DATABASE {name}").as_str())
             .await
@@ -128,15 +173,23 @@ impl PgServer {
 
     /// The server's version string.
     pub async fn version(&self) -> String {
-        let mut conn = PgConnection::connect(&self.url("postgres")).await.expect("connect");
-        sqlx::query_scalar("SHOW server_version").fetch_one(&mut conn).await.expect("version")
+        let mut conn = PgConnection::connect(&self.url("postgres"))
+            .await
+            .expect("connect");
+        sqlx::query_scalar("SHOW server_version")
+            .fetch_one(&mut conn)
+            .await
+            .expect("version")
     }
 }
 
 /// A SQLite database file in a fresh temporary directory; the directory goes
 /// when the returned guard drops.
 pub fn sqlite_file() -> (tempfile::TempDir, PathBuf) {
-    let dir = tempfile::Builder::new().prefix("idem-sqlite-").tempdir().expect("temp dir");
+    let dir = tempfile::Builder::new()
+        .prefix("idem-sqlite-")
+        .tempdir()
+        .expect("temp dir");
     let path = dir.path().join("idem.db");
     (dir, path)
 }
@@ -152,7 +205,8 @@ fn how_to_get_postgres(error: &str) -> String {
 
 fn find_bin_dir() -> Option<PathBuf> {
     let on_path = std::env::var_os("PATH").and_then(|paths| {
-        std::env::split_paths(&paths).find(|dir| dir.join("initdb").is_file() && dir.join("pg_ctl").is_file())
+        std::env::split_paths(&paths)
+            .find(|dir| dir.join("initdb").is_file() && dir.join("pg_ctl").is_file())
     });
     // Resolve symlinks so the cluster's binaries come from one installation.
     if let Some(dir) = on_path {
@@ -184,11 +238,17 @@ fn is_root() -> bool {
 
 fn free_port() -> Result<u16, String> {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| format!("bind: {e}"))?;
-    listener.local_addr().map(|a| a.port()).map_err(|e| format!("local_addr: {e}"))
+    listener
+        .local_addr()
+        .map(|a| a.port())
+        .map_err(|e| format!("local_addr: {e}"))
 }
 
 fn run(cmd: &mut Command, what: &str) -> Result<(), String> {
-    let out = cmd.stdin(Stdio::null()).output().map_err(|e| format!("{what}: {e}"))?;
+    let out = cmd
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| format!("{what}: {e}"))?;
     if out.status.success() {
         Ok(())
     } else {
@@ -205,9 +265,17 @@ fn run(cmd: &mut Command, what: &str) -> Result<(), String> {
 fn spawn_watchdog(bin: &Path, root: &Path, data: &Path, as_root: bool) {
     let pg_ctl = bin.join("pg_ctl");
     let stop = if as_root {
-        format!("runuser -u postgres -- {} -D {} -m immediate stop", pg_ctl.display(), data.display())
+        format!(
+            "runuser -u postgres -- {} -D {} -m immediate stop",
+            pg_ctl.display(),
+            data.display()
+        )
     } else {
-        format!("{} -D {} -m immediate stop", pg_ctl.display(), data.display())
+        format!(
+            "{} -D {} -m immediate stop",
+            pg_ctl.display(),
+            data.display()
+        )
     };
     let script = format!(
         "while kill -0 {pid} 2>/dev/null; do sleep 0.5; done; {stop} >/dev/null 2>&1; rm -rf {root}",

@@ -126,11 +126,16 @@ pub trait Backend: sqlx::Database + Sized {
 
     /// Deletes up to `batch` expired records by primary key; returns how many went.
     #[doc(hidden)]
-    fn purge_batch(pool: &Pool<Self>, batch: u32) -> impl Future<Output = Result<u64, sqlx::Error>> + Send + '_;
+    fn purge_batch(
+        pool: &Pool<Self>,
+        batch: u32,
+    ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send + '_;
 
     /// The distinct steps that still have unexpired records.
     #[doc(hidden)]
-    fn live_steps(pool: &Pool<Self>) -> impl Future<Output = Result<Vec<String>, sqlx::Error>> + Send + '_;
+    fn live_steps(
+        pool: &Pool<Self>,
+    ) -> impl Future<Output = Result<Vec<String>, sqlx::Error>> + Send + '_;
 
     /// Whether `error` means "the key's lock is held by another attempt".
     #[doc(hidden)]

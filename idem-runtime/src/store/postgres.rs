@@ -37,9 +37,15 @@ static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate::Migrator {
 /// let pool = postgres::connect("postgres://localhost/app", &Policy::default(), 8).await?;
 /// # Ok(()) }
 /// ```
-pub async fn connect(url: &str, policy: &Policy, max_connections: u32) -> Result<PgPool, sqlx::Error> {
+pub async fn connect(
+    url: &str,
+    policy: &Policy,
+    max_connections: u32,
+) -> Result<PgPool, sqlx::Error> {
     let options: PgConnectOptions = url.parse()?;
-    pool_options(policy, max_connections).connect_with(options).await
+    pool_options(policy, max_connections)
+        .connect_with(options)
+        .await
 }
 
 /// The pool options [`connect`] uses, for callers that build their own pool.
@@ -50,7 +56,8 @@ pub fn pool_options(policy: &Policy, max_connections: u32) -> PgPoolOptions {
         .acquire_timeout(policy.wait_timeout.max(Duration::from_secs(5)))
 }
 
-const SELECT_RECORD: &str = "SELECT status, fingerprint, response_status::int8, response_content_type, response_body, \
+const SELECT_RECORD: &str =
+    "SELECT status, fingerprint, response_status::int8, response_content_type, response_body, \
        expires_at <= statement_timestamp() AS expired, \
        (EXTRACT(EPOCH FROM (locked_until - statement_timestamp())) * 1000)::int8 AS lock_left_ms \
      FROM idempotency_keys WHERE scope = $1 AND key = $2";
@@ -86,7 +93,8 @@ const UPSERT_IN_PROGRESS: &str = "INSERT INTO idempotency_keys AS k \
        claim_token = EXCLUDED.claim_token, created_at = EXCLUDED.created_at, \
        locked_until = EXCLUDED.locked_until, expires_at = EXCLUDED.expires_at";
 
-const COMPLETE_CLAIM: &str = "UPDATE idempotency_keys SET status = 'completed', response_status = $4, \
+const COMPLETE_CLAIM: &str =
+    "UPDATE idempotency_keys SET status = 'completed', response_status = $4, \
        response_content_type = $5, response_body = $6, claim_token = NULL, locked_until = now(), \
        expires_at = now() + $7 * interval '1 millisecond' \
      WHERE scope = $1 AND key = $2 AND claim_token = $3 AND status = 'in_progress'";
@@ -114,7 +122,10 @@ impl Backend for Postgres {
         pool.begin_with(begin).await
     }
 
-    async fn lookup<'a>(conn: &'a mut PgConnection, op: &'a Operation) -> Result<Option<Record>, sqlx::Error> {
+    async fn lookup<'a>(
+        conn: &'a mut PgConnection,
+        op: &'a Operation,
+    ) -> Result<Option<Record>, sqlx::Error> {
         let row = sqlx::query(SELECT_RECORD)
             .bind(op.scope.as_stored())
             .bind(op.key.as_str())
@@ -123,7 +134,10 @@ impl Backend for Postgres {
         row.as_ref().map(record).transpose()
     }
 
-    async fn lookup_unlocked<'a>(pool: &'a Pool<Self>, op: &'a Operation) -> Result<Option<Record>, sqlx::Error> {
+    async fn lookup_unlocked<'a>(
+        pool: &'a Pool<Self>,
+        op: &'a Operation,
+    ) -> Result<Option<Record>, sqlx::Error> {
         let row = sqlx::query(SELECT_RECORD)
             .bind(op.scope.as_stored())
             .bind(op.key.as_str())
@@ -191,7 +205,11 @@ impl Backend for Postgres {
         Ok(done.rows_affected() == 1)
     }
 
-    async fn release_claim<'a>(pool: &'a Pool<Self>, op: &'a Operation, token: i64) -> Result<(), sqlx::Error> {
+    async fn release_claim<'a>(
+        pool: &'a Pool<Self>,
+        op: &'a Operation,
+        token: i64,
+    ) -> Result<(), sqlx::Error> {
         sqlx::query("DELETE FROM idempotency_keys WHERE scope = $1 AND key = $2 AND claim_token = $3 AND status = 'in_progress'")
             .bind(op.scope.as_stored())
             .bind(op.key.as_str())
@@ -215,9 +233,11 @@ impl Backend for Postgres {
     }
 
     async fn live_steps(pool: &Pool<Self>) -> Result<Vec<String>, sqlx::Error> {
-        sqlx::query_scalar("SELECT DISTINCT step FROM idempotency_keys WHERE expires_at > now() ORDER BY step")
-            .fetch_all(pool)
-            .await
+        sqlx::query_scalar(
+            "SELECT DISTINCT step FROM idempotency_keys WHERE expires_at > now() ORDER BY step",
+        )
+        .fetch_all(pool)
+        .await
     }
 
     fn is_lock_busy(error: &sqlx::Error) -> bool {

@@ -9,7 +9,9 @@ use std::path::Path;
 use std::str::FromStr;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteRow, SqliteSynchronous};
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteRow, SqliteSynchronous,
+};
 use sqlx::{Pool, Row, Sqlite, SqliteConnection, SqlitePool, Transaction};
 
 use super::{millis, response_from_columns, Backend, Record, RecordStatus};
@@ -34,18 +36,32 @@ static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate::Migrator {
 /// let pool = sqlite::open("idem.db", &Policy::default(), 8).await?;
 /// # Ok(()) }
 /// ```
-pub async fn open(path: impl AsRef<Path>, policy: &Policy, max_connections: u32) -> Result<SqlitePool, sqlx::Error> {
-    let options = SqliteConnectOptions::new().filename(path).create_if_missing(true);
+pub async fn open(
+    path: impl AsRef<Path>,
+    policy: &Policy,
+    max_connections: u32,
+) -> Result<SqlitePool, sqlx::Error> {
+    let options = SqliteConnectOptions::new()
+        .filename(path)
+        .create_if_missing(true);
     pool(options, policy, max_connections).await
 }
 
 /// Like [`open`], from a `sqlite:` URL (`sqlite::memory:` included).
-pub async fn connect(url: &str, policy: &Policy, max_connections: u32) -> Result<SqlitePool, sqlx::Error> {
+pub async fn connect(
+    url: &str,
+    policy: &Policy,
+    max_connections: u32,
+) -> Result<SqlitePool, sqlx::Error> {
     let options = SqliteConnectOptions::from_str(url)?.create_if_missing(true);
     pool(options, policy, max_connections).await
 }
 
-async fn pool(options: SqliteConnectOptions, policy: &Policy, max_connections: u32) -> Result<SqlitePool, sqlx::Error> {
+async fn pool(
+    options: SqliteConnectOptions,
+    policy: &Policy,
+    max_connections: u32,
+) -> Result<SqlitePool, sqlx::Error> {
     let options = options
         .journal_mode(SqliteJournalMode::Wal)
         .synchronous(SqliteSynchronous::Full)
@@ -59,10 +75,14 @@ async fn pool(options: SqliteConnectOptions, policy: &Policy, max_connections: u
 }
 
 fn now_ms() -> i64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| millis(d)).unwrap_or(0)
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(millis)
+        .unwrap_or(0)
 }
 
-const SELECT_RECORD: &str = "SELECT status, fingerprint, response_status, response_content_type, response_body, \
+const SELECT_RECORD: &str =
+    "SELECT status, fingerprint, response_status, response_content_type, response_body, \
      expires_at, locked_until FROM idempotency_keys WHERE scope = ?1 AND key = ?2";
 
 fn record(row: &SqliteRow) -> Result<Record, sqlx::Error> {
@@ -116,7 +136,10 @@ impl Backend for Sqlite {
         pool.begin_with("BEGIN IMMEDIATE").await
     }
 
-    async fn lookup<'a>(conn: &'a mut SqliteConnection, op: &'a Operation) -> Result<Option<Record>, sqlx::Error> {
+    async fn lookup<'a>(
+        conn: &'a mut SqliteConnection,
+        op: &'a Operation,
+    ) -> Result<Option<Record>, sqlx::Error> {
         let row = sqlx::query(SELECT_RECORD)
             .bind(op.scope.as_stored())
             .bind(op.key.as_str())
@@ -125,7 +148,10 @@ impl Backend for Sqlite {
         row.as_ref().map(record).transpose()
     }
 
-    async fn lookup_unlocked<'a>(pool: &'a Pool<Self>, op: &'a Operation) -> Result<Option<Record>, sqlx::Error> {
+    async fn lookup_unlocked<'a>(
+        pool: &'a Pool<Self>,
+        op: &'a Operation,
+    ) -> Result<Option<Record>, sqlx::Error> {
         let row = sqlx::query(SELECT_RECORD)
             .bind(op.scope.as_stored())
             .bind(op.key.as_str())
@@ -199,7 +225,11 @@ impl Backend for Sqlite {
         Ok(done.rows_affected() == 1)
     }
 
-    async fn release_claim<'a>(pool: &'a Pool<Self>, op: &'a Operation, token: i64) -> Result<(), sqlx::Error> {
+    async fn release_claim<'a>(
+        pool: &'a Pool<Self>,
+        op: &'a Operation,
+        token: i64,
+    ) -> Result<(), sqlx::Error> {
         sqlx::query("DELETE FROM idempotency_keys WHERE scope = ?1 AND key = ?2 AND claim_token = ?3 AND status = 'in_progress'")
             .bind(op.scope.as_stored())
             .bind(op.key.as_str())
@@ -222,10 +252,12 @@ impl Backend for Sqlite {
     }
 
     async fn live_steps(pool: &Pool<Self>) -> Result<Vec<String>, sqlx::Error> {
-        sqlx::query_scalar("SELECT DISTINCT step FROM idempotency_keys WHERE expires_at > ?1 ORDER BY step")
-            .bind(now_ms())
-            .fetch_all(pool)
-            .await
+        sqlx::query_scalar(
+            "SELECT DISTINCT step FROM idempotency_keys WHERE expires_at > ?1 ORDER BY step",
+        )
+        .bind(now_ms())
+        .fetch_all(pool)
+        .await
     }
 
     fn is_lock_busy(error: &sqlx::Error) -> bool {
