@@ -93,3 +93,12 @@ pub fn assert_outcome<T: Outcome>() {}
 pub fn replayed<O: Outcome>(stored: crate::outcome::StoredResponse) -> Result<Completed<O>, IdemError> {
     Ok(Completed { value: O::from_stored(stored)?, via: crate::engine::Via::Replayed })
 }
+
+#[cfg(feature = "axum")]
+pub use axum;
+
+/// The HTTP helpers `#[idempotent(http)]` calls.
+#[cfg(feature = "axum")]
+pub mod http {
+    pub use crate::http::{into_stored, respond};
+}

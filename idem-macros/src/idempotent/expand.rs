@@ -12,7 +12,7 @@ use syn::spanned::Spanned;
 use syn::{FnArg, GenericArgument, PathArguments, ReturnType, Type};
 
 use super::attr::{Args, StepArg};
-use super::params::{type_span, Analysis};
+use super::params::{peel, type_span, Analysis};
 
 pub(crate) fn wrapper(args: &Args, function: &syn::ItemFn, analysis: Analysis) -> TokenStream {
     let syn::ItemFn { attrs, vis, sig, block } = function;
@@ -215,8 +215,8 @@ pub(crate) fn wrapper(args: &Args, function: &syn::ItemFn, analysis: Analysis) -
 
 /// The database of the engine that replaces a `&mut <Connection>` parameter.
 fn database_of(ty: &Type) -> TokenStream {
-    let Type::Reference(reference) = ty else { unreachable!("checked: a `&mut` connection") };
-    if let Type::Path(path) = &*reference.elem {
+    let Type::Reference(reference) = peel(ty) else { unreachable!("checked: a `&mut` connection") };
+    if let Type::Path(path) = peel(&reference.elem) {
         // `DB::Connection` or `<DB as Database>::Connection`: the engine is `Engine<DB>`.
         if path.path.segments.last().is_some_and(|s| s.ident == "Connection") {
             if let Some(qself) = &path.qself {
@@ -229,7 +229,7 @@ fn database_of(ty: &Type) -> TokenStream {
     }
     let connection = &reference.elem;
     // The two backends by name, so the documented signature reads `Engine<Sqlite>`.
-    if let Type::Path(path) = &**connection {
+    if let Type::Path(path) = peel(connection) {
         match path.path.segments.last().map(|s| s.ident.to_string()).as_deref() {
             Some("SqliteConnection") => return quote_spanned!(connection.span()=> ::idem::__private::sqlx::Sqlite),
             Some("PgConnection") => return quote_spanned!(connection.span()=> ::idem::__private::sqlx::Postgres),
@@ -241,7 +241,7 @@ fn database_of(ty: &Type) -> TokenStream {
 
 /// `T` in `Result<T, E>`, when the return type is spelled that way.
 fn result_success(ty: &Type) -> Option<&Type> {
-    let Type::Path(path) = ty else { return None };
+    let Type::Path(path) = peel(ty) else { return None };
     let last = path.path.segments.last()?;
     if last.ident != "Result" {
         return None;

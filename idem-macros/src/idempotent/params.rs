@@ -164,8 +164,8 @@ pub(crate) fn analyse(args: &Args, function: &mut syn::ItemFn, errors: &mut Vec<
 
 /// `&mut SqliteConnection`, `&mut PgConnection`, `&mut DB::Connection`, ...
 fn is_connection(ty: &Type) -> bool {
-    match ty {
-        Type::Reference(reference) if reference.mutability.is_some() => match &*reference.elem {
+    match peel(ty) {
+        Type::Reference(reference) if reference.mutability.is_some() => match peel(&reference.elem) {
             Type::Path(path) => path.path.segments.last().is_some_and(|s| s.ident.to_string().ends_with("Connection")),
             _ => false,
         },
@@ -175,7 +175,7 @@ fn is_connection(ty: &Type) -> bool {
 
 /// `IdempotencyKey` or a reference to it.
 fn is_key(ty: &Type) -> bool {
-    match ty {
+    match peel(ty) {
         Type::Reference(reference) => is_key(&reference.elem),
         Type::Path(path) => path.path.segments.last().is_some_and(|s| s.ident == "IdempotencyKey"),
         _ => false,
@@ -211,4 +211,13 @@ fn collect(pat: &Pat, out: &mut Vec<Ident>) {
 /// The span of a parameter's type, for assertions about it.
 pub(crate) fn type_span(ty: &Type) -> Span {
     ty.span()
+}
+
+/// Looks through the invisible groups `macro_rules!` wraps around `$t:ty`.
+pub(crate) fn peel(ty: &Type) -> &Type {
+    match ty {
+        Type::Group(group) => peel(&group.elem),
+        Type::Paren(paren) => peel(&paren.elem),
+        _ => ty,
+    }
 }
