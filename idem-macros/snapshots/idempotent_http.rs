@@ -1,7 +1,5 @@
 async fn create_order(
-    engine: ::idem::Engine<
-        <PgConnection as ::idem::__private::ClaimConnection>::Database,
-    >,
+    engine: ::idem::Engine<::idem::__private::sqlx::Postgres>,
     __idem_arg1: Path<String>,
     key: IdempotencyKey,
     __idem_arg3: Json<NewOrder>,
@@ -13,9 +11,10 @@ async fn create_order(
         "create_order"), file : ::idem::__private::core::file!(), line :
         ::idem::__private::core::line!(), },)
     }
-    let _ = ::idem::__private::assert_fingerprint::<Json<NewOrder>>;
     let __idem_step: &'static str = ::idem::__private::step_name(steps::CREATE_ORDER);
-    let __idem_fingerprint = ::idem::__private::fingerprint(__idem_step, &__idem_arg3);
+    let __idem_fingerprint = ::idem::__private::fingerprint::<
+        Json<NewOrder>,
+    >(__idem_step, &__idem_arg3);
     let __idem_key = ::idem::__private::key(&key);
     let Path(tenant) = __idem_arg1;
     let Json(order) = __idem_arg3;

@@ -1,8 +1,6 @@
 /// Charges a card.
 pub async fn charge(
-    engine: &::idem::Engine<
-        <SqliteConnection as ::idem::__private::ClaimConnection>::Database,
-    >,
+    engine: &::idem::Engine<::idem::__private::sqlx::Sqlite>,
     tenant_id: String,
     key: IdempotencyKey,
     req: ChargeRequest,
@@ -16,11 +14,11 @@ pub async fn charge(
         "::", "charge"), file : ::idem::__private::core::file!(), line :
         ::idem::__private::core::line!(), },)
     }
-    let _ = ::idem::__private::assert_fingerprint::<ChargeRequest>;
     let _ = ::idem::__private::assert_storable::<Payment>;
-    let _ = ::idem::__private::assert_outcome::<Result<Payment, ChargeError>>;
     let __idem_step: &'static str = "charge-card.v1";
-    let __idem_fingerprint = ::idem::__private::fingerprint(__idem_step, &req);
+    let __idem_fingerprint = ::idem::__private::fingerprint::<
+        ChargeRequest,
+    >(__idem_step, &req);
     let __idem_key = ::idem::__private::key(&key);
     let __idem_op = ::idem::__private::Operation::with_fingerprint(
         ::idem::__private::scope(&[&tenant_id]),

@@ -79,15 +79,8 @@ pub async fn timed_out<DB: Backend, O>(guard: ClaimGuard<DB>) -> Result<Complete
     Err(IdemError::TimedOut { limit })
 }
 
-/// A compile-time check that the fingerprinted parameter's type implements
-/// [`Fingerprint`]; the trait's own diagnostic names the type and the derive.
-pub fn assert_fingerprint<T: Fingerprint + ?Sized>() {}
-
 /// A compile-time check that a success value can be stored and replayed.
 pub fn assert_storable<T: serde::Serialize + serde::de::DeserializeOwned>() {}
-
-/// A compile-time check that the return type is an outcome the engine stores.
-pub fn assert_outcome<T: Outcome>() {}
 
 /// Decodes a replayed response into the operation's outcome type.
 pub fn replayed<O: Outcome>(stored: crate::outcome::StoredResponse) -> Result<Completed<O>, IdemError> {

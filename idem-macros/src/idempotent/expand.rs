@@ -86,18 +86,23 @@ pub(crate) fn wrapper(args: &Args, function: &syn::ItemFn, analysis: Analysis) -
 
     // Compile-time checks, each spanned on the type it is about.
     let request = analysis.params[analysis.request].as_ref().expect("the request is a typed parameter");
+    // Storability: serde's own diagnostics (naming the type and the derive),
+    // spanned on the success type; the engine calls below share that span.
     let mut checks = TokenStream::new();
-    if !mentions_impl(&request.ty) {
-        let ty = &request.ty;
-        checks.extend(quote_spanned!(type_span(ty)=> let _ = ::idem::__private::assert_fingerprint::<#ty>;));
-    }
+    let success_span = result_success(&user_ret).map_or(ret_span, type_span);
     if !args.http && !mentions_impl(&user_ret) {
         if let Some(success) = result_success(&user_ret) {
-            checks.extend(quote_spanned!(type_span(success)=> let _ = ::idem::__private::assert_storable::<#success>;));
+            checks.extend(quote_spanned!(success_span=> let _ = ::idem::__private::assert_storable::<#success>;));
         }
-        checks.extend(quote_spanned!(ret_span=> let _ = ::idem::__private::assert_outcome::<#user_ret>;));
     }
-
+    // The fingerprint call is spanned on the request type, so a type without
+    // `Fingerprint` gets one error, there, naming it and the derive.
+    let fingerprint_fn = if mentions_impl(&request.ty) {
+        quote!(::idem::__private::fingerprint)
+    } else {
+        let ty = &request.ty;
+        quote_spanned!(type_span(ty)=> ::idem::__private::fingerprint::<#ty>)
+    };
     let request_name = &request.name;
     let key_name = &analysis.params[analysis.key].as_ref().expect("the key is a typed parameter").name;
     let destructure = analysis.params.iter().flatten().filter(|p| p.destructure).map(|p| {
@@ -160,8 +165,8 @@ pub(crate) fn wrapper(args: &Args, function: &syn::ItemFn, analysis: Analysis) -
         )
     } else {
         (
-            quote_spanned!(ret_span=> #guard.complete(#value).await),
-            quote_spanned!(ret_span=> ::idem::__private::replayed::<#user_ret>(stored)),
+            quote_spanned!(success_span=> #guard.complete(#value).await),
+            quote_spanned!(success_span=> ::idem::__private::replayed::<#user_ret>(stored)),
         )
     };
     let run = quote! {
@@ -198,7 +203,7 @@ pub(crate) fn wrapper(args: &Args, function: &syn::ItemFn, analysis: Analysis) -
             #registration
             #checks
             let #step: &'static str = #step_expr;
-            let #fingerprint = ::idem::__private::fingerprint(#step, &#request_name);
+            let #fingerprint = #fingerprint_fn(#step, &#request_name);
             let #key = ::idem::__private::key(&#key_name);
             #(#destructure)*
             let #op = ::idem::__private::Operation::with_fingerprint(

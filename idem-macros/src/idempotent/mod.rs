@@ -38,6 +38,8 @@ pub(crate) fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
             // `#[fingerprint]` markers) so its own code is still checked and
             // no cascade of unrelated errors follows.
             params::strip_markers(&mut function);
+            // The function is not wrapped, so its key and scope parameters look unused.
+            function.attrs.push(syn::parse_quote!(#[allow(unused_variables)]));
             let mut out: TokenStream = errors.into_iter().map(|e| e.to_compile_error()).collect();
             function.to_tokens(&mut out);
             out

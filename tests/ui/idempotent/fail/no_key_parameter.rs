@@ -1,5 +1,5 @@
 use idem::sqlx::SqliteConnection;
-use idem::{idempotent, Fingerprint, IdempotencyKey, Problem};
+use idem::{idempotent, Fingerprint, Problem};
 
 #[derive(Fingerprint)]
 struct Charge {

@@ -1,4 +1,3 @@
-use idem::sqlx::SqliteConnection;
 use idem::{idempotent, Fingerprint, IdempotencyKey, Problem};
 
 #[derive(Fingerprint)]
