@@ -19,8 +19,14 @@ struct Reordered {
 
 #[test]
 fn field_order_does_not_matter() {
-    let one = Ordered { a: 1, b: "x".into() };
-    let two = Reordered { b: "x".into(), a: 1 };
+    let one = Ordered {
+        a: 1,
+        b: "x".into(),
+    };
+    let two = Reordered {
+        b: "x".into(),
+        a: 1,
+    };
     assert_eq!(fingerprint("s.v1", &one), fingerprint("s.v1", &two));
 }
 
@@ -31,7 +37,16 @@ fn the_encoding_is_the_runtimes() {
     hasher.write_field("a", &1i64);
     hasher.write_field("b", "x");
     hasher.end_struct();
-    assert_eq!(fingerprint("s.v1", &Reordered { b: "x".into(), a: 1 }), hasher.finish());
+    assert_eq!(
+        fingerprint(
+            "s.v1",
+            &Reordered {
+                b: "x".into(),
+                a: 1
+            }
+        ),
+        hasher.finish()
+    );
 }
 
 #[derive(Fingerprint)]
@@ -47,10 +62,19 @@ struct WithBTreeMap {
 #[test]
 fn hash_map_order_does_not_matter() {
     let pairs: Vec<(String, u32)> = (0..50).map(|i| (format!("k{i}"), i)).collect();
-    let forward = WithMap { tags: pairs.iter().cloned().collect() };
-    let backward = WithMap { tags: pairs.iter().rev().cloned().collect() };
-    let sorted = WithBTreeMap { tags: pairs.into_iter().collect() };
-    assert_eq!(fingerprint("s.v1", &forward), fingerprint("s.v1", &backward));
+    let forward = WithMap {
+        tags: pairs.iter().cloned().collect(),
+    };
+    let backward = WithMap {
+        tags: pairs.iter().rev().cloned().collect(),
+    };
+    let sorted = WithBTreeMap {
+        tags: pairs.into_iter().collect(),
+    };
+    assert_eq!(
+        fingerprint("s.v1", &forward),
+        fingerprint("s.v1", &backward)
+    );
     assert_eq!(fingerprint("s.v1", &forward), fingerprint("s.v1", &sorted));
 }
 
@@ -63,10 +87,21 @@ struct Grown {
 
 #[test]
 fn a_none_option_contributes_nothing() {
-    let old = Ordered { a: 1, b: "x".into() };
-    let new = Grown { a: 1, b: "x".into(), added_later: None };
+    let old = Ordered {
+        a: 1,
+        b: "x".into(),
+    };
+    let new = Grown {
+        a: 1,
+        b: "x".into(),
+        added_later: None,
+    };
     assert_eq!(fingerprint("s.v1", &old), fingerprint("s.v1", &new));
-    let set = Grown { a: 1, b: "x".into(), added_later: Some("y".into()) };
+    let set = Grown {
+        a: 1,
+        b: "x".into(),
+        added_later: Some("y".into()),
+    };
     assert_ne!(fingerprint("s.v1", &old), fingerprint("s.v1", &set));
 }
 
@@ -80,10 +115,27 @@ struct WithSkipped {
 
 #[test]
 fn skipped_fields_never_count() {
-    let one = WithSkipped { a: 1, b: "x".into(), received_at: 1 };
-    let two = WithSkipped { a: 1, b: "x".into(), received_at: 2 };
+    let one = WithSkipped {
+        a: 1,
+        b: "x".into(),
+        received_at: 1,
+    };
+    let two = WithSkipped {
+        a: 1,
+        b: "x".into(),
+        received_at: 2,
+    };
     assert_eq!(fingerprint("s.v1", &one), fingerprint("s.v1", &two));
-    assert_eq!(fingerprint("s.v1", &one), fingerprint("s.v1", &Ordered { a: 1, b: "x".into() }));
+    assert_eq!(
+        fingerprint("s.v1", &one),
+        fingerprint(
+            "s.v1",
+            &Ordered {
+                a: 1,
+                b: "x".into()
+            }
+        )
+    );
     assert_eq!(one.received_at + two.received_at, 3);
 }
 
@@ -96,10 +148,23 @@ struct Renamed {
 
 #[test]
 fn rename_keeps_the_old_fingerprint() {
-    let renamed = Renamed { amount: 1, b: "x".into() };
-    assert_eq!(fingerprint("s.v1", &renamed), fingerprint("s.v1", &Ordered { a: 1, b: "x".into() }));
+    let renamed = Renamed {
+        amount: 1,
+        b: "x".into(),
+    };
+    assert_eq!(
+        fingerprint("s.v1", &renamed),
+        fingerprint(
+            "s.v1",
+            &Ordered {
+                a: 1,
+                b: "x".into()
+            }
+        )
+    );
 }
 
+#[allow(clippy::ptr_arg)] // `with` receives `&FieldType`
 fn lowercase(value: &String, hasher: &mut FingerprintHasher) {
     hasher.write_str(&value.to_lowercase());
 }
@@ -112,8 +177,12 @@ struct Email {
 
 #[test]
 fn with_uses_the_given_function() {
-    let upper = Email { address: "A@X.IO".into() };
-    let lower = Email { address: "a@x.io".into() };
+    let upper = Email {
+        address: "A@X.IO".into(),
+    };
+    let lower = Email {
+        address: "a@x.io".into(),
+    };
     assert_eq!(fingerprint("s.v1", &upper), fingerprint("s.v1", &lower));
 }
 
@@ -133,11 +202,20 @@ enum Command {
 
 #[test]
 fn tuple_unit_and_enum_shapes() {
-    assert_ne!(fingerprint("s.v1", &Tuple(1, "x".into())), fingerprint("s.v1", &Tuple(2, "x".into())));
+    assert_ne!(
+        fingerprint("s.v1", &Tuple(1, "x".into())),
+        fingerprint("s.v1", &Tuple(2, "x".into()))
+    );
     assert_eq!(fingerprint("s.v1", &Unit), fingerprint("s.v1", &Unit));
     // The variant name counts: same fields, different variant, different fingerprint.
-    assert_ne!(fingerprint("s.v1", &Command::Charge { amount: 1 }), fingerprint("s.v1", &Command::Refund { amount: 1 }));
-    assert_ne!(fingerprint("s.v1", &Command::Cancel(1)), fingerprint("s.v1", &Command::Ping));
+    assert_ne!(
+        fingerprint("s.v1", &Command::Charge { amount: 1 }),
+        fingerprint("s.v1", &Command::Refund { amount: 1 })
+    );
+    assert_ne!(
+        fingerprint("s.v1", &Command::Cancel(1)),
+        fingerprint("s.v1", &Command::Ping)
+    );
 }
 
 #[derive(Fingerprint)]
@@ -151,7 +229,19 @@ struct NotFingerprinted;
 
 #[test]
 fn generics_get_bounds_per_field() {
-    let page = Page { items: vec![1u8, 2], cursor: NotFingerprinted };
+    let page = Page {
+        items: vec![1u8, 2],
+        cursor: NotFingerprinted,
+    };
     let NotFingerprinted = page.cursor;
-    assert_eq!(fingerprint("s.v1", &Page { items: vec![1u8, 2], cursor: NotFingerprinted }), fingerprint("s.v1", &page));
+    assert_eq!(
+        fingerprint(
+            "s.v1",
+            &Page {
+                items: vec![1u8, 2],
+                cursor: NotFingerprinted
+            }
+        ),
+        fingerprint("s.v1", &page)
+    );
 }

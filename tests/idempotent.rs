@@ -44,12 +44,17 @@ impl ErrorOutcome for ChargeError {
 }
 
 fn req(amount: i64) -> ChargeRequest {
-    ChargeRequest { amount, trace_id: format!("trace-{amount}-{}", rand_suffix()) }
+    ChargeRequest {
+        amount,
+        trace_id: format!("trace-{amount}-{}", rand_suffix()),
+    }
 }
 
 fn rand_suffix() -> u64 {
     use std::hash::{BuildHasher, Hasher};
-    std::collections::hash_map::RandomState::new().build_hasher().finish()
+    std::collections::hash_map::RandomState::new()
+        .build_hasher()
+        .finish()
 }
 
 fn key(text: &str) -> IdempotencyKey {
@@ -214,10 +219,16 @@ macro_rules! backend {
 backend!(sqlite, idem::sqlx::SqliteConnection, idem::sqlx::Sqlite, {
     let (dir, path) = idem_runtime::test_support::sqlite_file();
     std::mem::forget(dir); // keep the file for the test's life
-    idem::Engine::<idem::sqlx::Sqlite>::open_sqlite(path).await.unwrap()
+    idem::Engine::<idem::sqlx::Sqlite>::open_sqlite(path)
+        .await
+        .unwrap()
 });
 
 backend!(postgres, idem::sqlx::PgConnection, idem::sqlx::Postgres, {
-    let url = idem_runtime::test_support::postgres().fresh_database().await;
-    idem::Engine::<idem::sqlx::Postgres>::connect_postgres(&url).await.unwrap()
+    let url = idem_runtime::test_support::postgres()
+        .fresh_database()
+        .await;
+    idem::Engine::<idem::sqlx::Postgres>::connect_postgres(&url)
+        .await
+        .unwrap()
 });

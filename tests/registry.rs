@@ -29,14 +29,24 @@ mod handlers {
 
     /// Uses a step nobody declared.
     #[idempotent(scope = "tenant", step = "payout.v1")]
-    pub async fn payout(tx: &mut SqliteConnection, tenant: String, key: IdempotencyKey, #[fingerprint] amount: i64) -> Result<i64, Problem> {
+    pub async fn payout(
+        tx: &mut SqliteConnection,
+        tenant: String,
+        key: IdempotencyKey,
+        #[fingerprint] amount: i64,
+    ) -> Result<i64, Problem> {
         let _ = tx;
         Ok(amount)
     }
 
     /// Uses a declared step.
     #[idempotent(scope = "tenant", step = super::billing::CHARGE)]
-    pub async fn charge(tx: &mut SqliteConnection, tenant: String, key: IdempotencyKey, #[fingerprint] amount: i64) -> Result<i64, Problem> {
+    pub async fn charge(
+        tx: &mut SqliteConnection,
+        tenant: String,
+        key: IdempotencyKey,
+        #[fingerprint] amount: i64,
+    ) -> Result<i64, Problem> {
         let _ = tx;
         Ok(amount)
     }
@@ -44,7 +54,12 @@ mod handlers {
 
 /// Leaves a completed, unexpired record for `step` in the store.
 async fn leave_key<DB: idem::Backend>(engine: &idem::Engine<DB>, step: &'static str) {
-    let op = Operation::new(Scope::tenant("acme"), IdempotencyKey::new(step).unwrap(), step, &1i64);
+    let op = Operation::new(
+        Scope::tenant("acme"),
+        IdempotencyKey::new(step).unwrap(),
+        step,
+        &1i64,
+    );
     match engine.claim(&op).await.unwrap() {
         idem::Claim::Execute(guard) => {
             guard.complete(Ok::<i64, idem::Problem>(1)).await.unwrap();
@@ -60,9 +75,19 @@ fn expect_everything(problems: &[RegistryProblem], with_store: bool) {
             RegistryProblem::Malformed { name, .. } => format!("malformed {name}"),
             RegistryProblem::DeclaredTwice { name, at } => {
                 assert_eq!(at.len(), 2);
-                assert!(at.iter().any(|l| l.item.ends_with("billing::CHARGE")), "{at:?}");
-                assert!(at.iter().any(|l| l.item.ends_with("payments::CHARGE")), "{at:?}");
-                assert!(at.iter().all(|l| l.file.ends_with("registry.rs") && l.line > 0), "{at:?}");
+                assert!(
+                    at.iter().any(|l| l.item.ends_with("billing::CHARGE")),
+                    "{at:?}"
+                );
+                assert!(
+                    at.iter().any(|l| l.item.ends_with("payments::CHARGE")),
+                    "{at:?}"
+                );
+                assert!(
+                    at.iter()
+                        .all(|l| l.file.ends_with("registry.rs") && l.line > 0),
+                    "{at:?}"
+                );
                 format!("twice {name}")
             }
             RegistryProblem::Undeclared { name, used_at } => {
@@ -73,7 +98,10 @@ fn expect_everything(problems: &[RegistryProblem], with_store: bool) {
             RegistryProblem::StoreUnavailable { error } => format!("store {error}"),
         })
         .collect();
-    let mut expected = vec!["twice charge.v1".to_owned(), "undeclared payout.v1".to_owned()];
+    let mut expected = vec![
+        "twice charge.v1".to_owned(),
+        "undeclared payout.v1".to_owned(),
+    ];
     if with_store {
         expected.push("live refund.v1".to_owned());
     }
@@ -85,15 +113,22 @@ fn without_a_store() {
     let errors = registry::check().unwrap_err();
     expect_everything(&errors.problems, false);
     let report = errors.to_string();
-    assert!(report.contains("step `payout.v1` is used but not declared"), "{report}");
-    assert!(registry::declared().iter().any(|d| d.name == "charge-card.v1" && d.retired));
+    assert!(
+        report.contains("step `payout.v1` is used but not declared"),
+        "{report}"
+    );
+    assert!(registry::declared()
+        .iter()
+        .any(|d| d.name == "charge-card.v1" && d.retired));
     assert!(registry::used().iter().any(|u| u.name == "charge.v1"));
 }
 
 #[tokio::test]
 async fn against_sqlite() {
     let (_dir, path) = idem_runtime::test_support::sqlite_file();
-    let engine = idem::Engine::<idem::sqlx::Sqlite>::open_sqlite(path).await.unwrap();
+    let engine = idem::Engine::<idem::sqlx::Sqlite>::open_sqlite(path)
+        .await
+        .unwrap();
     engine.migrate().await.unwrap();
     leave_key(&engine, "refund.v1").await; // renamed away: a problem
     leave_key(&engine, "charge-card.v1").await; // retired but declared: fine
@@ -104,8 +139,12 @@ async fn against_sqlite() {
 
 #[tokio::test]
 async fn against_postgres() {
-    let url = idem_runtime::test_support::postgres().fresh_database().await;
-    let engine = idem::Engine::<idem::sqlx::Postgres>::connect_postgres(&url).await.unwrap();
+    let url = idem_runtime::test_support::postgres()
+        .fresh_database()
+        .await;
+    let engine = idem::Engine::<idem::sqlx::Postgres>::connect_postgres(&url)
+        .await
+        .unwrap();
     engine.migrate().await.unwrap();
     leave_key(&engine, "refund.v1").await;
     leave_key(&engine, "charge-card.v1").await;

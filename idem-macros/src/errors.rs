@@ -10,7 +10,11 @@ pub(crate) struct Errors {
 
 impl Errors {
     /// Records an error spanned on `tokens`.
-    pub(crate) fn push_spanned(&mut self, tokens: impl quote::ToTokens, message: impl std::fmt::Display) {
+    pub(crate) fn push_spanned(
+        &mut self,
+        tokens: impl quote::ToTokens,
+        message: impl std::fmt::Display,
+    ) {
         self.errors.push(syn::Error::new_spanned(tokens, message));
     }
 
@@ -29,7 +33,12 @@ impl Errors {
         if self.errors.is_empty() {
             None
         } else {
-            Some(self.errors.into_iter().map(|error| error.to_compile_error()).collect())
+            Some(
+                self.errors
+                    .into_iter()
+                    .map(|error| error.to_compile_error())
+                    .collect(),
+            )
         }
     }
 }
@@ -41,11 +50,20 @@ pub(crate) fn check_step_name(name: &str) -> Result<(), &'static str> {
     let Some((base, version)) = name.rsplit_once(".v") else {
         return Err("has no version; step names have the form `name.vN`, e.g. `charge-card.v1`");
     };
-    if version.is_empty() || version.starts_with('0') || !version.bytes().all(|b| b.is_ascii_digit()) {
-        return Err("needs a version number without leading zeros after `.v`, e.g. `charge-card.v2`");
+    if version.is_empty()
+        || version.starts_with('0')
+        || !version.bytes().all(|b| b.is_ascii_digit())
+    {
+        return Err(
+            "needs a version number without leading zeros after `.v`, e.g. `charge-card.v2`",
+        );
     }
     let starts_lower = base.bytes().next().is_some_and(|b| b.is_ascii_lowercase());
-    if !starts_lower || !base.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-') {
+    if !starts_lower
+        || !base
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+    {
         return Err("must start with a lowercase letter and hold only lowercase letters, digits and dashes before `.vN`, e.g. `charge-card.v1`");
     }
     Ok(())
@@ -76,7 +94,17 @@ mod tests {
         for ok in ["charge-card.v1", "a.v1", "x9.v12"] {
             assert!(check_step_name(ok).is_ok(), "{ok}");
         }
-        for bad in ["", "charge", "charge.v", "charge.v0", "charge.v1a", "Charge.v1", "charge_card.v1", ".v1", "1a.v1"] {
+        for bad in [
+            "",
+            "charge",
+            "charge.v",
+            "charge.v0",
+            "charge.v1a",
+            "Charge.v1",
+            "charge_card.v1",
+            ".v1",
+            "1a.v1",
+        ] {
             assert!(check_step_name(bad).is_err(), "{bad}");
         }
     }

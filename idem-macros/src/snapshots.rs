@@ -9,13 +9,18 @@ use quote::quote;
 fn check(name: &str, expanded: TokenStream) {
     let file: syn::File = syn::parse2(expanded).expect("the expansion parses as a file");
     let pretty = prettyplease::unparse(&file);
-    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("snapshots").join(format!("{name}.rs"));
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("snapshots")
+        .join(format!("{name}.rs"));
     if std::env::var("IDEM_SNAPSHOTS").as_deref() == Ok("overwrite") || !path.exists() {
         std::fs::create_dir_all(path.parent().unwrap()).unwrap();
         std::fs::write(&path, &pretty).unwrap();
     }
     let expected = std::fs::read_to_string(&path).unwrap();
-    assert_eq!(pretty, expected, "expansion of `{name}` changed; rerun with IDEM_SNAPSHOTS=overwrite and review the diff");
+    assert_eq!(
+        pretty, expected,
+        "expansion of `{name}` changed; rerun with IDEM_SNAPSHOTS=overwrite and review the diff"
+    );
 }
 
 #[test]
@@ -33,7 +38,10 @@ fn idempotent_plain() {
             Ok(Payment { id })
         }
     };
-    check("idempotent_plain", crate::idempotent::idempotent(args, item));
+    check(
+        "idempotent_plain",
+        crate::idempotent::idempotent(args, item),
+    );
 }
 
 #[test]

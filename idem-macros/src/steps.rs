@@ -28,7 +28,10 @@ impl Parse for Declarations {
             attrs.retain(|attr| {
                 if attr.path().is_ident("retired") {
                     if !matches!(attr.meta, syn::Meta::Path(_)) {
-                        problem = Some(syn::Error::new_spanned(attr, "write `#[retired]` without arguments"));
+                        problem = Some(syn::Error::new_spanned(
+                            attr,
+                            "write `#[retired]` without arguments",
+                        ));
                     }
                     retired = true;
                     false
@@ -50,7 +53,13 @@ impl Parse for Declarations {
             input.parse::<Token![=]>()?;
             let value: LitStr = input.parse()?;
             input.parse::<Token![;]>()?;
-            out.push(Declaration { attrs, retired, vis, name, value });
+            out.push(Declaration {
+                attrs,
+                retired,
+                vis,
+                name,
+                value,
+            });
         }
         Ok(Declarations(out))
     }
@@ -69,7 +78,10 @@ pub(crate) fn steps(input: TokenStream) -> TokenStream {
             errors.push_spanned(&declaration.value, format!("step name `{value}` {why}"));
         }
         if seen.contains(&value) {
-            errors.push_spanned(&declaration.value, format!("step `{value}` is declared twice in this block; declare each step once"));
+            errors.push_spanned(
+                &declaration.value,
+                format!("step `{value}` is declared twice in this block; declare each step once"),
+            );
         }
         seen.push(value);
     }

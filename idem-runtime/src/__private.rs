@@ -83,8 +83,13 @@ pub async fn timed_out<DB: Backend, O>(guard: ClaimGuard<DB>) -> Result<Complete
 pub fn assert_storable<T: serde::Serialize + serde::de::DeserializeOwned>() {}
 
 /// Decodes a replayed response into the operation's outcome type.
-pub fn replayed<O: Outcome>(stored: crate::outcome::StoredResponse) -> Result<Completed<O>, IdemError> {
-    Ok(Completed { value: O::from_stored(stored)?, via: crate::engine::Via::Replayed })
+pub fn replayed<O: Outcome>(
+    stored: crate::outcome::StoredResponse,
+) -> Result<Completed<O>, IdemError> {
+    Ok(Completed {
+        value: O::from_stored(stored)?,
+        via: crate::engine::Via::Replayed,
+    })
 }
 
 #[cfg(feature = "axum")]

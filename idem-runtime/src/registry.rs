@@ -80,7 +80,8 @@ impl IdempotencyKey {
     /// ```
     pub fn child(&self, step: Step) -> IdempotencyKey {
         // 64 lowercase hex digits: always a valid key.
-        IdempotencyKey::new(child_key(self.as_str(), step.name())).expect("a child key is 64 hex digits")
+        IdempotencyKey::new(child_key(self.as_str(), step.name()))
+            .expect("a child key is 64 hex digits")
     }
 }
 
@@ -234,7 +235,11 @@ pub struct RegistryErrors {
 
 impl fmt::Display for RegistryErrors {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} problem(s) with idempotent steps:", self.problems.len())?;
+        write!(
+            f,
+            "{} problem(s) with idempotent steps:",
+            self.problems.len()
+        )?;
         for problem in &self.problems {
             write!(f, "\n  - {problem}")?;
         }
@@ -288,9 +293,15 @@ pub fn problems(
     let mut by_name: BTreeMap<&'static str, Vec<Location>> = BTreeMap::new();
     for declaration in declared {
         if check_step_name(declaration.name).is_err() {
-            problems.push(RegistryProblem::Malformed { name: declaration.name, at: declaration.at });
+            problems.push(RegistryProblem::Malformed {
+                name: declaration.name,
+                at: declaration.at,
+            });
         }
-        by_name.entry(declaration.name).or_default().push(declaration.at);
+        by_name
+            .entry(declaration.name)
+            .or_default()
+            .push(declaration.at);
     }
     for (name, mut at) in by_name.clone() {
         if at.len() > 1 {
@@ -301,7 +312,10 @@ pub fn problems(
     let mut undeclared: BTreeMap<&'static str, Vec<Location>> = BTreeMap::new();
     for step_use in used {
         if !by_name.contains_key(step_use.name) {
-            undeclared.entry(step_use.name).or_default().push(step_use.at);
+            undeclared
+                .entry(step_use.name)
+                .or_default()
+                .push(step_use.at);
         }
     }
     for (name, mut used_at) in undeclared {
@@ -329,7 +343,11 @@ mod tests {
     use super::*;
 
     fn at(item: &'static str, line: u32) -> Location {
-        Location { item, file: "src/lib.rs", line }
+        Location {
+            item,
+            file: "src/lib.rs",
+            line,
+        }
     }
 
     #[test]
@@ -340,16 +358,34 @@ mod tests {
             StepDeclaration::new("Bad", false, at("a::BAD", 4)),
             StepDeclaration::new("old.v1", true, at("a::OLD", 5)),
         ];
-        let used = [StepUse::new("refund.v1", at("a::refund", 20)), StepUse::new("charge.v1", at("a::charge", 30))];
-        let live = vec!["old.v1".to_owned(), "renamed.v1".to_owned(), "charge.v1".to_owned()];
+        let used = [
+            StepUse::new("refund.v1", at("a::refund", 20)),
+            StepUse::new("charge.v1", at("a::charge", 30)),
+        ];
+        let live = vec![
+            "old.v1".to_owned(),
+            "renamed.v1".to_owned(),
+            "charge.v1".to_owned(),
+        ];
         let problems = problems(&declared, &used, Some(Ok(live)));
         assert_eq!(
             problems,
             vec![
-                RegistryProblem::Malformed { name: "Bad", at: at("a::BAD", 4) },
-                RegistryProblem::DeclaredTwice { name: "charge.v1", at: vec![at("a::CHARGE", 3), at("b::CHARGE", 9)] },
-                RegistryProblem::Undeclared { name: "refund.v1", used_at: vec![at("a::refund", 20)] },
-                RegistryProblem::LiveKeysForUndeclaredStep { name: "renamed.v1".to_owned() },
+                RegistryProblem::Malformed {
+                    name: "Bad",
+                    at: at("a::BAD", 4)
+                },
+                RegistryProblem::DeclaredTwice {
+                    name: "charge.v1",
+                    at: vec![at("a::CHARGE", 3), at("b::CHARGE", 9)]
+                },
+                RegistryProblem::Undeclared {
+                    name: "refund.v1",
+                    used_at: vec![at("a::refund", 20)]
+                },
+                RegistryProblem::LiveKeysForUndeclaredStep {
+                    name: "renamed.v1".to_owned()
+                },
             ]
         );
         let report = RegistryErrors { problems }.to_string();

@@ -108,10 +108,19 @@ fn fields(fields: &Fields, errors: &mut Errors) -> FieldSet {
         } else {
             names.insert(name.clone(), name_span);
         }
-        out.push(Field { member, name, ty: field.ty.clone(), with: options.with });
+        out.push(Field {
+            member,
+            name,
+            ty: field.ty.clone(),
+            with: options.with,
+        });
     }
     out.sort_by(|a, b| a.name.cmp(&b.name));
-    FieldSet { style, fields: out, members }
+    FieldSet {
+        style,
+        fields: out,
+        members,
+    }
 }
 
 fn unraw(ident: &syn::Ident) -> String {
@@ -181,7 +190,10 @@ fn options(attrs: &[syn::Attribute], errors: &mut Errors) -> Options {
     }
     if let Some(span) = skip_span {
         if options.rename.is_some() || options.with.is_some() {
-            errors.push_at(span, "a skipped field is never fingerprinted; drop `rename`/`with` or drop `skip`");
+            errors.push_at(
+                span,
+                "a skipped field is never fingerprinted; drop `rename`/`with` or drop `skip`",
+            );
         }
     }
     options

@@ -23,7 +23,9 @@ pub(crate) fn implementation(input: &DeriveInput, shape: &Shape) -> TokenStream 
         Shape::Enum(variants) => {
             let arms = variants.iter().map(|(variant, set)| {
                 let bind = |member: &Member| match member {
-                    Member::Named(ident) => format_ident!("__idem_{}", ident.to_string().trim_start_matches("r#")),
+                    Member::Named(ident) => {
+                        format_ident!("__idem_{}", ident.to_string().trim_start_matches("r#"))
+                    }
                     Member::Unnamed(index) => format_ident!("__idem_{}", index.index),
                 };
                 let pattern = match set.style {

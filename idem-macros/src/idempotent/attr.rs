@@ -59,7 +59,10 @@ impl Parse for Args {
             let name = Ident::parse_any(input)?;
             let key = name.to_string();
             if seen.contains(&key) {
-                args.errors.push(syn::Error::new(name.span(), format!("`{key}` is given twice; give each argument once")));
+                args.errors.push(syn::Error::new(
+                    name.span(),
+                    format!("`{key}` is given twice; give each argument once"),
+                ));
             }
             seen.push(key.clone());
             match key.as_str() {
@@ -79,7 +82,10 @@ impl Parse for Args {
                 "durable" => args.durable = flag(input, &name)?,
                 "http" => args.http = flag(input, &name)?,
                 _ => {
-                    args.errors.push(syn::Error::new(name.span(), format!("unknown argument `{key}`; {EXPECTED}")));
+                    args.errors.push(syn::Error::new(
+                        name.span(),
+                        format!("unknown argument `{key}`; {EXPECTED}"),
+                    ));
                     // Skip its value, if any, so the remaining arguments are still checked.
                     if input.peek(Token![=]) {
                         input.parse::<Token![=]>()?;
@@ -116,19 +122,35 @@ fn parse_step(input: ParseStream<'_>, errors: &mut Vec<syn::Error>) -> syn::Resu
     if input.peek(LitStr) {
         let literal: LitStr = input.parse()?;
         if let Err(why) = check_step_name(&literal.value()) {
-            errors.push(syn::Error::new(literal.span(), format!("step name `{}` {why}", literal.value())));
+            errors.push(syn::Error::new(
+                literal.span(),
+                format!("step name `{}` {why}", literal.value()),
+            ));
         }
         Ok(StepArg::Literal(literal))
-    } else if input.peek(Ident) || input.peek(Token![::]) || input.peek(Token![crate]) || input.peek(Token![self]) || input.peek(Token![super]) {
+    } else if input.peek(Ident)
+        || input.peek(Token![::])
+        || input.peek(Token![crate])
+        || input.peek(Token![self])
+        || input.peek(Token![super])
+    {
         Ok(StepArg::Path(input.parse()?))
     } else {
         Err(input.error("`step` takes a step name, e.g. `step = \"charge-card.v1\"`, or a constant declared with `idem::steps!`"))
     }
 }
 
-fn parse_duration(input: ParseStream<'_>, errors: &mut Vec<syn::Error>) -> syn::Result<DurationArg> {
+fn parse_duration(
+    input: ParseStream<'_>,
+    errors: &mut Vec<syn::Error>,
+) -> syn::Result<DurationArg> {
     input.parse::<Token![=]>()?;
-    let literal: LitStr = input.parse().map_err(|e| syn::Error::new(e.span(), "expected a duration such as \"24h\", \"30s\" or \"500ms\""))?;
+    let literal: LitStr = input.parse().map_err(|e| {
+        syn::Error::new(
+            e.span(),
+            "expected a duration such as \"24h\", \"30s\" or \"500ms\"",
+        )
+    })?;
     let millis = parse_millis(&literal.value()).unwrap_or_else(|| {
         errors.push(syn::Error::new(
             literal.span(),
@@ -141,12 +163,18 @@ fn parse_duration(input: ParseStream<'_>, errors: &mut Vec<syn::Error>) -> syn::
 
 fn flag(input: ParseStream<'_>, name: &Ident) -> syn::Result<bool> {
     if input.peek(Token![=]) {
-        return Err(syn::Error::new(name.span(), format!("`{name}` is a flag and takes no value; write just `{name}`")));
+        return Err(syn::Error::new(
+            name.span(),
+            format!("`{name}` is a flag and takes no value; write just `{name}`"),
+        ));
     }
     Ok(true)
 }
 
 /// The span to blame for a missing argument: the attribute itself.
 pub(crate) fn missing(what: &str, example: &str) -> syn::Error {
-    syn::Error::new(Span::call_site(), format!("`#[idempotent]` needs `{what}`, e.g. `#[idempotent({example})]`"))
+    syn::Error::new(
+        Span::call_site(),
+        format!("`#[idempotent]` needs `{what}`, e.g. `#[idempotent({example})]`"),
+    )
 }

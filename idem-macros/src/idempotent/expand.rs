@@ -15,7 +15,12 @@ use super::attr::{Args, StepArg};
 use super::params::{peel, type_span, Analysis};
 
 pub(crate) fn wrapper(args: &Args, function: &syn::ItemFn, analysis: Analysis) -> TokenStream {
-    let syn::ItemFn { attrs, vis, sig, block } = function;
+    let syn::ItemFn {
+        attrs,
+        vis,
+        sig,
+        block,
+    } = function;
     let fn_name = sig.ident.to_string();
     let engine = Ident::new("engine", Span::mixed_site());
     let guard = Ident::new("__idem_guard", Span::mixed_site());
@@ -26,7 +31,9 @@ pub(crate) fn wrapper(args: &Args, function: &syn::ItemFn, analysis: Analysis) -
     let fingerprint = Ident::new("__idem_fingerprint", Span::mixed_site());
     let key = Ident::new("__idem_key", Span::mixed_site());
 
-    let tx = analysis.params[analysis.tx].as_ref().expect("the transaction is a typed parameter");
+    let tx = analysis.params[analysis.tx]
+        .as_ref()
+        .expect("the transaction is a typed parameter");
     let database = database_of(&tx.ty);
     let engine_ty = if args.http {
         quote!(::idem::Engine<#database>)
@@ -35,24 +42,26 @@ pub(crate) fn wrapper(args: &Args, function: &syn::ItemFn, analysis: Analysis) -
     };
 
     // The wrapper's parameters: the originals, the transaction swapped for the engine.
-    let inputs = sig.inputs.iter().enumerate().map(|(index, input)| match (input, &analysis.params[index]) {
-        (FnArg::Typed(typed), Some(param)) if index == analysis.tx => {
-            let attrs = &typed.attrs;
-            let _ = param;
-            quote!(#(#attrs)* #engine: #engine_ty)
-        }
-        (FnArg::Typed(typed), Some(param)) => {
-            let attrs = &typed.attrs;
-            let ty = &param.ty;
-            if param.destructure {
-                let name = &param.name;
-                quote!(#(#attrs)* #name: #ty)
-            } else {
-                let pat = &param.pat;
-                quote!(#(#attrs)* #pat: #ty)
+    let inputs = sig.inputs.iter().enumerate().map(|(index, input)| {
+        match (input, &analysis.params[index]) {
+            (FnArg::Typed(typed), Some(param)) if index == analysis.tx => {
+                let attrs = &typed.attrs;
+                let _ = param;
+                quote!(#(#attrs)* #engine: #engine_ty)
             }
+            (FnArg::Typed(typed), Some(param)) => {
+                let attrs = &typed.attrs;
+                let ty = &param.ty;
+                if param.destructure {
+                    let name = &param.name;
+                    quote!(#(#attrs)* #name: #ty)
+                } else {
+                    let pat = &param.pat;
+                    quote!(#(#attrs)* #pat: #ty)
+                }
+            }
+            (receiver, _) => receiver.to_token_stream(),
         }
-        (receiver, _) => receiver.to_token_stream(),
     });
 
     let user_ret: Type = match &sig.output {
@@ -85,7 +94,9 @@ pub(crate) fn wrapper(args: &Args, function: &syn::ItemFn, analysis: Analysis) -
     };
 
     // Compile-time checks, each spanned on the type it is about.
-    let request = analysis.params[analysis.request].as_ref().expect("the request is a typed parameter");
+    let request = analysis.params[analysis.request]
+        .as_ref()
+        .expect("the request is a typed parameter");
     // Storability: serde's own diagnostics (naming the type and the derive),
     // spanned on the success type; the engine calls below share that span.
     let mut checks = TokenStream::new();
@@ -104,15 +115,24 @@ pub(crate) fn wrapper(args: &Args, function: &syn::ItemFn, analysis: Analysis) -
         quote_spanned!(type_span(ty)=> ::idem::__private::fingerprint::<#ty>)
     };
     let request_name = &request.name;
-    let key_name = &analysis.params[analysis.key].as_ref().expect("the key is a typed parameter").name;
-    let destructure = analysis.params.iter().flatten().filter(|p| p.destructure).map(|p| {
-        let (pat, name) = (&p.pat, &p.name);
-        quote!(let #pat = #name;)
-    });
+    let key_name = &analysis.params[analysis.key]
+        .as_ref()
+        .expect("the key is a typed parameter")
+        .name;
+    let destructure = analysis
+        .params
+        .iter()
+        .flatten()
+        .filter(|p| p.destructure)
+        .map(|p| {
+            let (pat, name) = (&p.pat, &p.name);
+            quote!(let #pat = #name;)
+        });
     let scope = &analysis.scope;
 
     let policy = args.overrides_policy().then(|| {
-        let duration = |millis: u64| quote!(::idem::__private::core::time::Duration::from_millis(#millis));
+        let duration =
+            |millis: u64| quote!(::idem::__private::core::time::Duration::from_millis(#millis));
         let mut sets = TokenStream::new();
         if let Some(retain) = &args.retain {
             let d = duration(retain.millis);
@@ -128,7 +148,9 @@ pub(crate) fn wrapper(args: &Args, function: &syn::ItemFn, analysis: Analysis) -
         }
         if let Some(timeout) = &args.timeout {
             let d = duration(timeout.millis);
-            sets.extend(quote!(policy.work_timeout = ::idem::__private::core::option::Option::Some(#d);));
+            sets.extend(
+                quote!(policy.work_timeout = ::idem::__private::core::option::Option::Some(#d);),
+            );
         }
         if args.fail_open {
             sets.extend(quote!(policy.failure_mode = ::idem::__private::FailureMode::Open;));
@@ -136,7 +158,11 @@ pub(crate) fn wrapper(args: &Args, function: &syn::ItemFn, analysis: Analysis) -
         if args.durable {
             sets.extend(quote!(policy.claim_mode = ::idem::__private::ClaimMode::Durable;));
         }
-        let engine_ref = if args.http { quote!(&#engine) } else { quote!(#engine) };
+        let engine_ref = if args.http {
+            quote!(&#engine)
+        } else {
+            quote!(#engine)
+        };
         quote! {
             let #op = #op.policy({
                 let mut policy = *::idem::Engine::policy(#engine_ref);
@@ -153,7 +179,11 @@ pub(crate) fn wrapper(args: &Args, function: &syn::ItemFn, analysis: Analysis) -
     } else {
         quote_spanned!(block.span()=> ::idem::__private::body::<#user_ret, _>(async move #block))
     };
-    let engine_ref = if args.http { quote!(&#engine) } else { quote!(#engine) };
+    let engine_ref = if args.http {
+        quote!(&#engine)
+    } else {
+        quote!(#engine)
+    };
 
     let (complete, replay) = if args.http {
         (
@@ -161,7 +191,9 @@ pub(crate) fn wrapper(args: &Args, function: &syn::ItemFn, analysis: Analysis) -
                 let #value = ::idem::__private::axum::response::IntoResponse::into_response(#value);
                 #guard.complete(::idem::__private::http::into_stored(#value).await).await
             },
-            quote!(::idem::__private::replayed::<::idem::StoredResponse>(stored)),
+            quote!(::idem::__private::replayed::<::idem::StoredResponse>(
+                stored
+            )),
         )
     } else {
         (
@@ -195,7 +227,14 @@ pub(crate) fn wrapper(args: &Args, function: &syn::ItemFn, analysis: Analysis) -
         run
     };
 
-    let syn::Signature { constness, unsafety, abi, ident, generics, .. } = sig;
+    let syn::Signature {
+        constness,
+        unsafety,
+        abi,
+        ident,
+        generics,
+        ..
+    } = sig;
     let where_clause = &generics.where_clause;
     quote! {
         #(#attrs)*
@@ -220,10 +259,17 @@ pub(crate) fn wrapper(args: &Args, function: &syn::ItemFn, analysis: Analysis) -
 
 /// The database of the engine that replaces a `&mut <Connection>` parameter.
 fn database_of(ty: &Type) -> TokenStream {
-    let Type::Reference(reference) = peel(ty) else { unreachable!("checked: a `&mut` connection") };
+    let Type::Reference(reference) = peel(ty) else {
+        unreachable!("checked: a `&mut` connection")
+    };
     if let Type::Path(path) = peel(&reference.elem) {
         // `DB::Connection` or `<DB as Database>::Connection`: the engine is `Engine<DB>`.
-        if path.path.segments.last().is_some_and(|s| s.ident == "Connection") {
+        if path
+            .path
+            .segments
+            .last()
+            .is_some_and(|s| s.ident == "Connection")
+        {
             if let Some(qself) = &path.qself {
                 return qself.ty.to_token_stream();
             }
@@ -235,9 +281,19 @@ fn database_of(ty: &Type) -> TokenStream {
     let connection = &reference.elem;
     // The two backends by name, so the documented signature reads `Engine<Sqlite>`.
     if let Type::Path(path) = peel(connection) {
-        match path.path.segments.last().map(|s| s.ident.to_string()).as_deref() {
-            Some("SqliteConnection") => return quote_spanned!(connection.span()=> ::idem::__private::sqlx::Sqlite),
-            Some("PgConnection") => return quote_spanned!(connection.span()=> ::idem::__private::sqlx::Postgres),
+        match path
+            .path
+            .segments
+            .last()
+            .map(|s| s.ident.to_string())
+            .as_deref()
+        {
+            Some("SqliteConnection") => {
+                return quote_spanned!(connection.span()=> ::idem::__private::sqlx::Sqlite)
+            }
+            Some("PgConnection") => {
+                return quote_spanned!(connection.span()=> ::idem::__private::sqlx::Postgres)
+            }
             _ => {}
         }
     }
@@ -246,12 +302,16 @@ fn database_of(ty: &Type) -> TokenStream {
 
 /// `T` in `Result<T, E>`, when the return type is spelled that way.
 fn result_success(ty: &Type) -> Option<&Type> {
-    let Type::Path(path) = peel(ty) else { return None };
+    let Type::Path(path) = peel(ty) else {
+        return None;
+    };
     let last = path.path.segments.last()?;
     if last.ident != "Result" {
         return None;
     }
-    let PathArguments::AngleBracketed(args) = &last.arguments else { return None };
+    let PathArguments::AngleBracketed(args) = &last.arguments else {
+        return None;
+    };
     match args.args.first()? {
         GenericArgument::Type(success) => Some(success),
         _ => None,
@@ -260,5 +320,7 @@ fn result_success(ty: &Type) -> Option<&Type> {
 
 /// Whether a type contains `impl Trait`, which cannot be named in a turbofish.
 fn mentions_impl(ty: &Type) -> bool {
-    ty.to_token_stream().into_iter().any(|token| matches!(token, proc_macro2::TokenTree::Ident(ident) if ident == "impl"))
+    ty.to_token_stream()
+        .into_iter()
+        .any(|token| matches!(token, proc_macro2::TokenTree::Ident(ident) if ident == "impl"))
 }

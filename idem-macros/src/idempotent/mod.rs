@@ -22,7 +22,10 @@ pub(crate) fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
             return out;
         }
     };
-    let parsed = syn::parse::Parser::parse2(|input: syn::parse::ParseStream<'_>| input.parse::<attr::Args>(), args);
+    let parsed = syn::parse::Parser::parse2(
+        |input: syn::parse::ParseStream<'_>| input.parse::<attr::Args>(),
+        args,
+    );
     let (args, mut errors) = match parsed {
         Ok(mut args) => {
             let errors = std::mem::take(&mut args.errors);
@@ -30,16 +33,22 @@ pub(crate) fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
         }
         Err(error) => (None, vec![error]),
     };
-    let analysis = args.as_ref().map(|args| params::analyse(args, &mut function, &mut errors));
+    let analysis = args
+        .as_ref()
+        .map(|args| params::analyse(args, &mut function, &mut errors));
     match (args, analysis) {
-        (Some(args), Some(Some(analysis))) if errors.is_empty() => expand::wrapper(&args, &function, analysis),
+        (Some(args), Some(Some(analysis))) if errors.is_empty() => {
+            expand::wrapper(&args, &function, analysis)
+        }
         _ => {
             // Report everything, and keep the function as written (minus the
             // `#[fingerprint]` markers) so its own code is still checked and
             // no cascade of unrelated errors follows.
             params::strip_markers(&mut function);
             // The function is not wrapped, so its key and scope parameters look unused.
-            function.attrs.push(syn::parse_quote!(#[allow(unused_variables)]));
+            function
+                .attrs
+                .push(syn::parse_quote!(#[allow(unused_variables)]));
             let mut out: TokenStream = errors.into_iter().map(|e| e.to_compile_error()).collect();
             function.to_tokens(&mut out);
             out

@@ -38,14 +38,20 @@ pub(crate) struct Analysis {
 pub(crate) fn strip_markers(function: &mut syn::ItemFn) {
     for input in &mut function.sig.inputs {
         if let FnArg::Typed(typed) = input {
-            typed.attrs.retain(|attr| !attr.path().is_ident("fingerprint"));
+            typed
+                .attrs
+                .retain(|attr| !attr.path().is_ident("fingerprint"));
         }
     }
 }
 
 /// Checks the function against the rules; `None` (with `errors` filled) when
 /// it breaks any.
-pub(crate) fn analyse(args: &Args, function: &mut syn::ItemFn, errors: &mut Vec<syn::Error>) -> Option<Analysis> {
+pub(crate) fn analyse(
+    args: &Args,
+    function: &mut syn::ItemFn,
+    errors: &mut Vec<syn::Error>,
+) -> Option<Analysis> {
     let sig = &function.sig;
     let fn_name = sig.ident.to_string();
     if sig.asyncness.is_none() {
@@ -55,10 +61,16 @@ pub(crate) fn analyse(args: &Args, function: &mut syn::ItemFn, errors: &mut Vec<
         ));
     }
     if args.scope.is_none() {
-        errors.push(missing("scope", "scope = \"tenant_id\", step = \"charge-card.v1\""));
+        errors.push(missing(
+            "scope",
+            "scope = \"tenant_id\", step = \"charge-card.v1\"",
+        ));
     }
     if args.step.is_none() {
-        errors.push(missing("step", "scope = \"tenant_id\", step = \"charge-card.v1\""));
+        errors.push(missing(
+            "step",
+            "scope = \"tenant_id\", step = \"charge-card.v1\"",
+        ));
     }
 
     let mut params = Vec::new();
@@ -79,7 +91,10 @@ pub(crate) fn analyse(args: &Args, function: &mut syn::ItemFn, errors: &mut Vec<
         });
         if let Some(marker) = marked {
             if !matches!(marker.meta, syn::Meta::Path(_)) {
-                errors.push(syn::Error::new_spanned(&marker, "write the marker as a bare `#[fingerprint]`"));
+                errors.push(syn::Error::new_spanned(
+                    &marker,
+                    "write the marker as a bare `#[fingerprint]`",
+                ));
             }
             match request {
                 None => request = Some(index),
@@ -101,14 +116,25 @@ pub(crate) fn analyse(args: &Args, function: &mut syn::ItemFn, errors: &mut Vec<
         } else if is_key(&typed.ty) {
             match key {
                 None => key = Some(index),
-                Some(_) => errors.push(syn::Error::new_spanned(&typed.ty, "a second `IdempotencyKey` parameter; the operation is keyed by exactly one")),
+                Some(_) => errors.push(syn::Error::new_spanned(
+                    &typed.ty,
+                    "a second `IdempotencyKey` parameter; the operation is keyed by exactly one",
+                )),
             }
         }
         let (name, destructure) = match &*typed.pat {
             Pat::Ident(ident) if ident.subpat.is_none() => (ident.ident.clone(), false),
-            _ => (Ident::new(&format!("__idem_arg{index}"), Span::mixed_site()), true),
+            _ => (
+                Ident::new(&format!("__idem_arg{index}"), Span::mixed_site()),
+                true,
+            ),
         };
-        params.push(Some(Param { pat: (*typed.pat).clone(), ty: (*typed.ty).clone(), name, destructure }));
+        params.push(Some(Param {
+            pat: (*typed.pat).clone(),
+            ty: (*typed.ty).clone(),
+            name,
+            destructure,
+        }));
     }
 
     let sig_span = function.sig.ident.span();
@@ -140,11 +166,20 @@ pub(crate) fn analyse(args: &Args, function: &mut syn::ItemFn, errors: &mut Vec<
     let mut scope = Vec::new();
     for name in args.scope.iter().flatten() {
         let wanted = name.value();
-        let found = params.iter().flatten().flat_map(|param| bindings(&param.pat)).find(|binding| *binding == wanted);
+        let found = params
+            .iter()
+            .flatten()
+            .flat_map(|param| bindings(&param.pat))
+            .find(|binding| *binding == wanted);
         match found {
             Some(binding) => scope.push(binding),
             None => {
-                let available: Vec<String> = params.iter().flatten().flat_map(|p| bindings(&p.pat)).map(|b| format!("`{b}`")).collect();
+                let available: Vec<String> = params
+                    .iter()
+                    .flatten()
+                    .flat_map(|p| bindings(&p.pat))
+                    .map(|b| format!("`{b}`"))
+                    .collect();
                 errors.push(syn::Error::new(
                     name.span(),
                     format!(
@@ -159,14 +194,25 @@ pub(crate) fn analyse(args: &Args, function: &mut syn::ItemFn, errors: &mut Vec<
     if !errors.is_empty() {
         return None;
     }
-    Some(Analysis { params, tx: tx?, key: key?, request: request?, scope })
+    Some(Analysis {
+        params,
+        tx: tx?,
+        key: key?,
+        request: request?,
+        scope,
+    })
 }
 
 /// `&mut SqliteConnection`, `&mut PgConnection`, `&mut DB::Connection`, ...
 fn is_connection(ty: &Type) -> bool {
     match peel(ty) {
-        Type::Reference(reference) if reference.mutability.is_some() => match peel(&reference.elem) {
-            Type::Path(path) => path.path.segments.last().is_some_and(|s| s.ident.to_string().ends_with("Connection")),
+        Type::Reference(reference) if reference.mutability.is_some() => match peel(&reference.elem)
+        {
+            Type::Path(path) => path
+                .path
+                .segments
+                .last()
+                .is_some_and(|s| s.ident.to_string().ends_with("Connection")),
             _ => false,
         },
         _ => false,
@@ -177,7 +223,11 @@ fn is_connection(ty: &Type) -> bool {
 fn is_key(ty: &Type) -> bool {
     match peel(ty) {
         Type::Reference(reference) => is_key(&reference.elem),
-        Type::Path(path) => path.path.segments.last().is_some_and(|s| s.ident == "IdempotencyKey"),
+        Type::Path(path) => path
+            .path
+            .segments
+            .last()
+            .is_some_and(|s| s.ident == "IdempotencyKey"),
         _ => false,
     }
 }
