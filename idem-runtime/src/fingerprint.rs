@@ -256,6 +256,11 @@ impl FingerprintHasher {
 /// assert_eq!(fingerprint("refund.v1", &Cents(5)), fingerprint("refund.v1", &5i64));
 /// assert_ne!(fingerprint("refund.v1", &Cents(5)), fingerprint("charge.v1", &Cents(5)));
 /// ```
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be fingerprinted: it does not implement `Fingerprint`",
+    label = "`{Self}` does not implement `Fingerprint`",
+    note = "add `#[derive(idem::Fingerprint)]` to `{Self}`, or implement `Fingerprint` by hand for a type with a canonical form of its own"
+)]
 pub trait Fingerprint {
     /// Writes the value's canonical encoding.
     fn fingerprint(&self, hasher: &mut FingerprintHasher);
