@@ -271,3 +271,8 @@ pub use idem_macros::steps;
 ///
 /// See the [crate documentation](crate) for a complete service function.
 pub use idem_macros::idempotent;
+
+/// Compiles the README's examples as doctests.
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;
