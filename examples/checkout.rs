@@ -59,9 +59,9 @@ idem::steps! {
 
 const TENANT: &str = "shop-1";
 /// How long the gateway and the mesh wait for an upstream answer.
-const PROXY_TIMEOUT: Duration = Duration::from_secs(1);
+const PROXY_TIMEOUT: Duration = Duration::from_secs(3);
 /// How long the client of the first story waits before giving up on a read.
-const CLIENT_TIMEOUT: Duration = Duration::from_millis(300);
+const CLIENT_TIMEOUT: Duration = Duration::from_millis(500);
 
 // ---------------------------------------------------------------------------
 // The order service
@@ -539,7 +539,7 @@ async fn run() -> Result<bool, BoxError> {
     //    retries with the same key.
     let key = "key-ord-1001";
     story.push(("client retry after a lost response", "ord-1001", key));
-    orders_faults.arm(key, Loss::Stall(Duration::from_millis(700)));
+    orders_faults.arm(key, Loss::Stall(Duration::from_secs(2)));
     if demo
         .checkout_impatient("client #1 -> orders", key, "ord-1001", 2500)
         .await
