@@ -12,6 +12,11 @@
 //!
 //! The store is the SQLite file `idem-payments.db` in the working directory
 //! unless `--database-url` names another file or a `postgres://` database.
+//! At start the service migrates the store, creates its table and validates
+//! the step registry against it (`idem::registry::validate`): if the store
+//! holds live keys for a step this build no longer declares, or a step is
+//! malformed, declared twice or used undeclared, it exits non-zero listing
+//! every problem. When ready it prints one line, `listening on http://ADDR`.
 //! `--allow-faults` (in a build with idem's `faults` feature, which the
 //! examples get through the dev-dependencies) honours the
 //! `X-Idem-Fault: after-claim | after-business-write | after-commit` header by

@@ -156,7 +156,7 @@ async fn hold_claim<DB: Backend>(
     let op = Operation::new(
         Scope::tenant(tenant),
         IdempotencyKey::new(key).unwrap(),
-        CREATE_PAYMENT,
+        CREATE_PAYMENT.name(),
         &request,
     )
     .policy(test_policy().claim_mode(ClaimMode::Durable));
@@ -495,6 +495,51 @@ async fn crash_points(db: Db) {
     }
 }
 
+/// A store holding live keys for a step this build no longer declares (a
+/// rename inside the retry window): the service refuses to start, and says why.
+async fn refuses_to_start_with_undeclared_live_steps(db: Db) {
+    // The store as a previous version of the service left it.
+    let store = Store::open(Some(&db.url)).await.expect("open store");
+    let request: PaymentRequest = serde_json::from_value(body(100)).unwrap();
+    let op = Operation::new(
+        Scope::tenant("acme"),
+        IdempotencyKey::new("k-old").unwrap(),
+        "refund-payment.v1",
+        &request,
+    );
+    let refunded = || Ok::<_, idem::Problem>("refunded".to_owned());
+    match &store {
+        Store::Sqlite(engine) => engine.run(&op, async |_| refunded()).await.map(drop),
+        Store::Postgres(engine) => engine.run(&op, async |_| refunded()).await.map(drop),
+    }
+    .expect("a key under the old step");
+    drop(store);
+
+    let output = Command::new(example_binary())
+        .args(["--listen", "127.0.0.1:0", "--database-url", &db.url])
+        .stdin(Stdio::null())
+        .kill_on_drop(true)
+        .output();
+    let output = tokio::time::timeout(Duration::from_secs(30), output)
+        .await
+        .expect("the example did not stop within 30 s")
+        .expect("run the payments example");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "{stdout}\n{stderr}");
+    assert!(!stdout.contains("listening on"), "{stdout}");
+    for expected in [
+        "1 problem(s) with idempotent steps",
+        "unexpired keys for step `refund-payment.v1`, which is no longer declared",
+        "#[retired]",
+    ] {
+        assert!(
+            stderr.contains(expected),
+            "{expected:?} missing from\n{stderr}"
+        );
+    }
+}
+
 macro_rules! on_backend {
     ($backend:ident) => {
         mod $backend {
@@ -517,6 +562,10 @@ macro_rules! on_backend {
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn crash_points() {
                 super::crash_points(super::$backend().await).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn refuses_to_start_with_undeclared_live_steps() {
+                super::refuses_to_start_with_undeclared_live_steps(super::$backend().await).await
             }
         }
     };

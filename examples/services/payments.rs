@@ -7,25 +7,24 @@
 use std::future::Future;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use axum::extract::{DefaultBodyLimit, FromRequestParts, State};
+use axum::extract::{DefaultBodyLimit, FromRef, FromRequestParts, State};
 use axum::http::request::Parts;
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{get, post, MethodRouter};
 use axum::Router;
-use idem::http::{self, Json, ProblemDetails};
+use idem::http::{Json, ProblemDetails};
 use idem::Policy;
-use idem::{
-    Backend, Claim, Engine, Fingerprint, FingerprintHasher, IdempotencyKey, Operation, Scope,
-};
+use idem::{idempotent, Backend, Engine, Fingerprint, IdempotencyKey};
 use serde::{Deserialize, Serialize};
-use sqlx::{Pool, Postgres, Sqlite};
-use tracing::Instrument;
+use sqlx::{PgConnection, Pool, Postgres, Sqlite, SqliteConnection};
 
 use fault::FaultPoint;
 
-/// The step every payment is created under.
-pub const CREATE_PAYMENT: &str = "create-payment.v1";
+idem::steps! {
+    /// The step every payment is created under.
+    pub const CREATE_PAYMENT = "create-payment.v1";
+}
 
 /// The default request body limit.
 pub const DEFAULT_BODY_LIMIT: usize = 64 * 1024;
@@ -53,7 +52,7 @@ impl Default for Config {
 
 /// `POST /payments` body. `requested_at` is a client timestamp and is not
 /// part of the fingerprint: a retry with a fresh timestamp is the same request.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Fingerprint)]
 pub struct PaymentRequest {
     /// Amount in the currency's minor unit; must be positive.
     pub amount_cents: i64,
@@ -63,19 +62,8 @@ pub struct PaymentRequest {
     pub destination: String,
     /// When the client made the request (ignored by the fingerprint).
     #[serde(default)]
+    #[fingerprint(skip)]
     pub requested_at: Option<String>,
-}
-
-/// Fields in ascending name order, `requested_at` skipped: what
-/// `#[derive(Fingerprint)]` with `#[fingerprint(skip)]` on `requested_at` writes.
-impl Fingerprint for PaymentRequest {
-    fn fingerprint(&self, hasher: &mut FingerprintHasher) {
-        hasher.begin_struct();
-        hasher.write_field("amount_cents", &self.amount_cents);
-        hasher.write_field("currency", &self.currency);
-        hasher.write_field("destination", &self.destination);
-        hasher.end_struct();
-    }
 }
 
 /// A stored payment, as the API shows it.
@@ -117,6 +105,8 @@ pub trait Ledger: Backend {
     ) -> impl Future<Output = sqlx::Result<Vec<Payment>>> + Send;
     /// One round trip to the database.
     fn ping(pool: &Pool<Self>) -> impl Future<Output = sqlx::Result<()>> + Send;
+    /// `POST /payments`: this backend's `#[idempotent(http)]` handler.
+    fn create_route() -> MethodRouter<AppState<Self>>;
 }
 
 const CREATE_TABLE: &str = "CREATE TABLE IF NOT EXISTS payments (
@@ -130,8 +120,12 @@ const CREATE_TABLE: &str = "CREATE TABLE IF NOT EXISTS payments (
 
 /// The same SQL runs on both backends (`$n` placeholders work on SQLite too).
 macro_rules! ledger {
-    ($db:ty) => {
+    ($db:ty, $create:ident) => {
         impl Ledger for $db {
+            fn create_route() -> MethodRouter<AppState<Self>> {
+                post($create)
+            }
+
             async fn create_table(pool: &Pool<Self>) -> sqlx::Result<()> {
                 sqlx::query(CREATE_TABLE).execute(pool).await.map(drop)
             }
@@ -178,8 +172,8 @@ macro_rules! ledger {
     };
 }
 
-ledger!(Sqlite);
-ledger!(Postgres);
+ledger!(Sqlite, create_payment_sqlite);
+ledger!(Postgres, create_payment_postgres);
 
 /// The store behind a payments service: a SQLite file or a Postgres database.
 #[derive(Debug, Clone)]
@@ -192,8 +186,9 @@ pub enum Store {
 
 impl Store {
     /// Opens the store named by `url` (`postgres://...`, `sqlite:...`, a file
-    /// path, or `None` for [`DEFAULT_SQLITE_FILE`]), runs idem's migrations and
-    /// creates the `payments` table.
+    /// path, or `None` for [`DEFAULT_SQLITE_FILE`]), runs idem's migrations,
+    /// creates the `payments` table and validates the step registry against
+    /// the store (every problem listed in the error).
     pub async fn open(url: Option<&str>) -> Result<Self, Box<dyn std::error::Error + Send + Sync>> {
         Self::open_with(url, Policy::default()).await
     }
@@ -223,10 +218,12 @@ impl Store {
             Store::Sqlite(engine) => {
                 engine.migrate().await?;
                 Sqlite::create_table(engine.pool()).await?;
+                idem::registry::validate(engine).await?;
             }
             Store::Postgres(engine) => {
                 engine.migrate().await?;
                 Postgres::create_table(engine.pool()).await?;
+                idem::registry::validate(engine).await?;
             }
         }
         Ok(store)
@@ -264,66 +261,114 @@ impl<DB: Backend> Clone for AppState<DB> {
     }
 }
 
+/// `#[idempotent(http)]` handlers take the engine from the state.
+impl<DB: Backend> FromRef<AppState<DB>> for Engine<DB> {
+    fn from_ref(state: &AppState<DB>) -> Self {
+        state.engine.clone()
+    }
+}
+
 /// The payments routes over `engine`.
 pub fn router<DB: Ledger>(engine: Engine<DB>, config: Config) -> Router {
     Router::new()
-        .route(
-            "/payments",
-            post(create_payment::<DB>).get(list_payments::<DB>),
-        )
+        .route("/payments", DB::create_route().get(list_payments::<DB>))
         .route("/healthz", get(healthz::<DB>))
+        .route_layer(axum::middleware::from_fn(request_span))
+        .layer(axum::middleware::from_fn_with_state(
+            config.allow_faults,
+            fault::layer,
+        ))
         .layer(DefaultBodyLimit::max(config.body_limit))
         .with_state(AppState { engine, config })
 }
 
-/// `POST /payments`. Every extractor (tenant, key, body) runs before the
-/// claim, so a malformed request is refused with nothing stored.
-async fn create_payment<DB: Ledger>(
-    State(state): State<AppState<DB>>,
-    Tenant(tenant): Tenant,
-    key: IdempotencyKey,
-    headers: HeaderMap,
-    Json(request): Json<PaymentRequest>,
+/// `POST /payments` on one backend: `#[idempotent(http)]` handlers need a
+/// concrete connection type, so the macro below writes one per backend, each
+/// a thin shell around [`charge`].
+///
+/// Every extractor (tenant, key, fault plan, body) runs before the claim, so
+/// a malformed request is refused with nothing stored. The body runs after
+/// the claim, inside its transaction; the macro renders and stores the
+/// response and commits it with the payment, or rolls back on a 5xx.
+macro_rules! create_payment {
+    ($handler:ident, $db:ty, $connection:ty) => {
+        #[idempotent(http, scope = "tenant", step = CREATE_PAYMENT)]
+        async fn $handler(
+            tx: &mut $connection,
+            Tenant(tenant): Tenant,
+            key: IdempotencyKey,
+            faults: fault::Faults,
+            #[fingerprint] Json(request): Json<PaymentRequest>,
+        ) -> Response {
+            charge::<$db>(tx, &tenant, &request, &faults).await
+        }
+    };
+}
+
+create_payment!(create_payment_sqlite, Sqlite, SqliteConnection);
+create_payment!(create_payment_postgres, Postgres, PgConnection);
+
+/// The business write of `POST /payments`, in the claim's transaction. The
+/// fault points `after-claim` and `after-business-write` are here; the
+/// `after-commit` point is in [`fault::layer`], which sees the response
+/// after the macro's commit.
+async fn charge<DB: Ledger>(
+    tx: &mut DB::Connection,
+    tenant: &str,
+    request: &PaymentRequest,
+    faults: &fault::Faults,
 ) -> Response {
-    let armed = fault::armed(state.config.allow_faults, &headers);
-    let op = Operation::new(Scope::tenant(&tenant), key, CREATE_PAYMENT, &request);
-    let span = http::operation_span(&op);
-    async move {
-        let mut guard = match state.engine.claim(&op).await {
-            Ok(Claim::Execute(guard)) => guard,
-            Ok(Claim::Replay(stored)) => return http::respond(Claim::<DB>::replayed(stored)),
-            Err(error) => return http::respond(Err(error)),
-        };
-        fault::at(armed, FaultPoint::AfterClaim);
-        let answer = match validate(&request) {
-            Err(problem) => problem.into_response(),
-            Ok(()) => {
-                let payment = Payment {
-                    payment_id: new_payment_id(),
-                    amount_cents: request.amount_cents,
-                    currency: request.currency.clone(),
-                    destination: request.destination.clone(),
-                };
-                match DB::insert(guard.connection(), &tenant, &payment).await {
-                    Ok(()) => (StatusCode::CREATED, axum::Json(payment)).into_response(),
-                    Err(error) => {
-                        tracing::warn!(%error, "payment insert failed; rolling back");
-                        ProblemDetails::new(503, "Payment could not be recorded")
-                            .with_detail("The database failed while recording the payment; nothing was charged. Retry with the same Idempotency-Key.")
-                            .into_response()
-                    }
+    faults.at(FaultPoint::AfterClaim);
+    let answer = match validate(request) {
+        Err(problem) => problem.into_response(),
+        Ok(()) => {
+            let payment = Payment {
+                payment_id: new_payment_id(),
+                amount_cents: request.amount_cents,
+                currency: request.currency.clone(),
+                destination: request.destination.clone(),
+            };
+            match DB::insert(tx, tenant, &payment).await {
+                Ok(()) => (StatusCode::CREATED, axum::Json(payment)).into_response(),
+                Err(error) => {
+                    tracing::warn!(%error, "payment insert failed; rolling back");
+                    ProblemDetails::new(503, "Payment could not be recorded")
+                        .with_detail("The database failed while recording the payment; nothing was charged. Retry with the same Idempotency-Key.")
+                        .into_response()
                 }
             }
-        };
-        fault::at(armed, FaultPoint::AfterBusinessWrite);
-        let result = guard.complete(http::into_stored(answer).await).await;
-        if result.is_ok() {
-            fault::at(armed, FaultPoint::AfterCommit);
         }
-        http::respond(result)
-    }
-    .instrument(span)
-    .await
+    };
+    faults.at(FaultPoint::AfterBusinessWrite);
+    faults.ran_body();
+    answer
+}
+
+/// The per-request `tracing` span: tenant, step, a short hash of the key
+/// (never the key), and the `outcome` the macro's response records
+/// (`executed`, `replayed`, ...).
+async fn request_span(request: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    use tracing::Instrument;
+    let headers = request.headers();
+    let Some(key) = headers
+        .get(idem::http::IDEMPOTENCY_KEY)
+        .and_then(|v| idem::http::parse_header_value(v).ok())
+    else {
+        return next.run(request).await;
+    };
+    let tenant = headers
+        .get("x-tenant-id")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_owned();
+    let span = tracing::info_span!(
+        "idem.request",
+        tenant = %tenant,
+        step = CREATE_PAYMENT.name(),
+        key = %key.log_tag(),
+        outcome = tracing::field::Empty,
+    );
+    next.run(request).instrument(span).await
 }
 
 /// The rules a well-formed body must also meet; breaking one is a
@@ -408,21 +453,9 @@ impl<S: Send + Sync> FromRequestParts<S> for Tenant {
     }
 }
 
-/// A fresh, unique payment id.
+/// A fresh, unique payment id: a random (v4) UUID.
 fn new_payment_id() -> String {
-    use std::hash::{BuildHasher, Hasher};
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static NEXT: AtomicU64 = AtomicU64::new(0);
-    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
-    hasher.write_u128(
-        SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or(0),
-    );
-    hasher.write_u64(NEXT.fetch_add(1, Ordering::Relaxed));
-    hasher.write_u32(std::process::id());
-    format!("pay_{:016x}", hasher.finish())
+    format!("pay_{}", uuid::Uuid::new_v4().simple())
 }
 
 fn now_millis() -> i64 {
@@ -435,20 +468,78 @@ fn now_millis() -> i64 {
 /// Fault injection: `X-Idem-Fault` is honoured only when the service was
 /// started with `--allow-faults`, and aborts only in a build with idem's
 /// `faults` feature.
+///
+/// `#[idempotent(http)]` owns the claim and the commit, so the points are
+/// reached from both sides of it: [`layer`] reads the header into a
+/// [`Faults`] plan the handler extracts; the handler's body calls
+/// [`Faults::at`] right after the claim and after the business write; and
+/// [`layer`] aborts at `after-commit` once the handler has answered, if its
+/// body ran and the answer is one the macro stored (below 500), i.e. the
+/// commit happened and the answer has not been sent.
 mod fault {
+    use std::convert::Infallible;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+
+    use axum::extract::{FromRequestParts, Request, State};
+    use axum::http::request::Parts;
+    use axum::middleware::Next;
+    use axum::response::Response;
     pub use idem::faults::FaultPoint;
 
-    /// The point named by `X-Idem-Fault`, when faults are allowed.
-    pub fn armed(allowed: bool, headers: &axum::http::HeaderMap) -> Option<FaultPoint> {
-        if !allowed {
-            return None;
-        }
-        headers.get("x-idem-fault")?.to_str().ok()?.parse().ok()
+    /// The fault point a request asked for, if faults are allowed.
+    #[derive(Clone, Default)]
+    pub struct Faults {
+        armed: Option<FaultPoint>,
+        body_ran: Arc<AtomicBool>,
     }
 
-    /// Aborts the process if `armed` is `here`.
-    pub fn at(armed: Option<FaultPoint>, here: FaultPoint) {
-        idem::faults::abort_at(armed, here)
+    impl Faults {
+        /// Aborts the process if this request armed `here`.
+        pub fn at(&self, here: FaultPoint) {
+            idem::faults::abort_at(self.armed, here)
+        }
+
+        /// Records that the handler's body ran (not a replay, not a refusal).
+        pub fn ran_body(&self) {
+            self.body_ran.store(true, Ordering::SeqCst);
+        }
+    }
+
+    impl<S: Send + Sync> FromRequestParts<S> for Faults {
+        type Rejection = Infallible;
+
+        async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Infallible> {
+            Ok(parts
+                .extensions
+                .get::<Faults>()
+                .cloned()
+                .unwrap_or_default())
+        }
+    }
+
+    /// Reads `X-Idem-Fault` (when `allowed`), and aborts after the commit
+    /// when `after-commit` was asked for.
+    pub async fn layer(State(allowed): State<bool>, mut request: Request, next: Next) -> Response {
+        let armed = if allowed {
+            request
+                .headers()
+                .get("x-idem-fault")
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.parse().ok())
+        } else {
+            None
+        };
+        let faults = Faults {
+            armed,
+            body_ran: Arc::default(),
+        };
+        request.extensions_mut().insert(faults.clone());
+        let response = next.run(request).await;
+        if faults.body_ran.load(Ordering::SeqCst) && response.status().as_u16() < 500 {
+            faults.at(FaultPoint::AfterCommit);
+        }
+        response
     }
 }
 
