@@ -128,9 +128,7 @@ pub async fn keyed(engine: &Engine<Sqlite>, key: String, tenant: String) -> Resu
         &REQUEST,
     );
     let done = engine
-        .run(&op, move |tx| {
-            Box::pin(async move { business(tx, &tenant).await })
-        })
+        .run(&op, async move |tx| business(tx, &tenant).await)
         .await?;
     match done.value {
         Ok(_) => Ok(done.via),

@@ -55,7 +55,7 @@ fn parse_args() -> Result<Config, String> {
     let mut cfg = Config {
         mode: "full",
         rounds: 3,
-        ops: 3000,
+        ops: 2000,
         clients: vec![1, 8, 32],
         storm_keys: 30,
         storm_attempts: 64,

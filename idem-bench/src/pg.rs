@@ -134,9 +134,7 @@ pub async fn keyed(
         &REQUEST,
     );
     let done = engine
-        .run(&op, move |tx| {
-            Box::pin(async move { business(tx, &tenant).await })
-        })
+        .run(&op, async move |tx| business(tx, &tenant).await)
         .await?;
     match done.value {
         Ok(_) => Ok(done.via),

@@ -1,8 +1,6 @@
 //! The engine: claim `(scope, key)`, run the work in the claim's transaction,
 //! store the outcome in that same transaction, commit; or replay, or refuse.
 
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,9 +13,6 @@ use crate::operation::Operation;
 use crate::outcome::{Disposition, Outcome, StoredResponse};
 use crate::policy::{ClaimMode, FailureMode, Policy};
 use crate::store::{Backend, Record, RecordStatus};
-
-/// The future a unit of work returns: it borrows the claim's connection.
-pub type WorkFuture<'c, O> = Pin<Box<dyn Future<Output = O> + Send + 'c>>;
 
 /// How an operation's answer came about.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -78,11 +73,10 @@ pub struct Stats {
 ///
 /// let op = Operation::new(Scope::tenant("acme"), IdempotencyKey::new("k-1")?, "charge-card.v1", &2500i64);
 /// let done = engine
-///     .run(&op, |tx| Box::pin(async move {
-///         sqlx::query("INSERT INTO payments (amount) VALUES (2500)").execute(&mut *tx).await
-///             ?;
+///     .run(&op, async |tx| {
+///         sqlx::query("INSERT INTO payments (amount) VALUES (2500)").execute(&mut *tx).await?;
 ///         Ok::<_, idem_runtime::Problem>("pay_1".to_string())
-///     }))
+///     })
 ///     .await?;
 /// println!("{:?} via {}", done.value, done.via.label());
 /// # Ok(()) }
@@ -118,6 +112,8 @@ impl<DB: Backend> std::fmt::Debug for Engine<DB> {
 }
 
 /// The outcome of a claim: run the work, or answer from the store.
+// Returned once and matched at once; boxing the guard would only add an allocation.
+#[allow(clippy::large_enum_variant)]
 pub enum Claim<DB: Backend> {
     /// This attempt owns the key: do the work through the guard, then finish it.
     Execute(ClaimGuard<DB>),
@@ -180,7 +176,8 @@ impl<DB: Backend> Engine<DB> {
         }
     }
 
-    /// Runs `work` under `op`'s key.
+    /// Runs `work` under `op`'s key. `work` is an async closure that receives
+    /// the claim's connection, inside the claim's transaction.
     ///
     /// - No record (or an expired one): `work` runs with the claim's open
     ///   transaction; its outcome is stored in that transaction if
@@ -197,7 +194,7 @@ impl<DB: Backend> Engine<DB> {
     pub async fn run<O, F>(&self, op: &Operation, work: F) -> Result<Completed<O>, IdemError>
     where
         O: Outcome + Send,
-        F: for<'c> FnOnce(&'c mut DB::Connection) -> WorkFuture<'c, O>,
+        F: AsyncFnOnce(&mut DB::Connection) -> O,
     {
         match self.claim(op).await? {
             Claim::Replay(stored) => Claim::<DB>::replayed(stored),
@@ -244,13 +241,9 @@ impl<DB: Backend> Engine<DB> {
             }
             None => None,
         };
-        let mut tx = match DB::begin_claim(&self.pool, op, &policy).await {
-            Ok(tx) => tx,
+        let (mut tx, record) = match DB::lock_and_read(&self.pool, op, &policy).await {
+            Ok(claimed) => claimed,
             Err(error) if DB::is_lock_busy(&error) => return Err(in_progress_unknown()),
-            Err(error) => return self.store_down(op, &policy, error).await,
-        };
-        let record = match DB::lookup(&mut tx, op).await {
-            Ok(record) => record,
             Err(error) => return self.store_down(op, &policy, error).await,
         };
         let via = match decide(record, op) {
@@ -258,47 +251,38 @@ impl<DB: Backend> Engine<DB> {
             Decision::Replay(stored) => return Ok(Claim::Replay(stored)),
             Decision::Refuse(error) => return Err(error),
         };
-        let mut claim = self.claimed(tx, op, policy, via).await?;
-        if let Claim::Execute(guard) = &mut claim {
-            // A durable claim has committed its record and no longer holds the
-            // write lock while the work runs; a transactional one holds both.
-            if guard.token.is_none() {
-                guard.permit = permit;
+        let mut token = None;
+        if policy.claim_mode == ClaimMode::Durable {
+            // Commit the in_progress row before opening the work's transaction:
+            // never hold two connections at once, so a full pool cannot deadlock.
+            let claimed = claim_token();
+            let committed = async {
+                DB::write_in_progress(&mut tx, op, claimed, &policy).await?;
+                tx.commit().await
+            };
+            if let Err(error) = committed.await {
+                return Err(unavailable(&policy, error));
             }
+            tx = match self.pool.begin().await {
+                Ok(tx) => tx,
+                Err(error) => {
+                    let _ = DB::release_claim(&self.pool, op, claimed).await;
+                    return Err(unavailable(&policy, error));
+                }
+            };
+            token = Some(claimed);
         }
-        Ok(claim)
-    }
-
-    /// Wraps an owned claim's transaction in its guard, committing a durable
-    /// `in_progress` record first when the policy asks for one.
-    async fn claimed(
-        &self,
-        tx: Transaction<'static, DB>,
-        op: &Operation,
-        policy: Policy,
-        via: Via,
-    ) -> Result<Claim<DB>, IdemError> {
-        let mut guard = ClaimGuard {
+        let guard = ClaimGuard {
             tx,
             op: op.clone(),
             policy,
             via,
-            token: None,
+            token,
             pool: self.pool.clone(),
-            permit: None,
+            // A durable claim has committed its record and no longer holds the
+            // write lock while the work runs; a transactional one holds both.
+            permit: if token.is_none() { permit } else { None },
         };
-        if policy.claim_mode == ClaimMode::Durable {
-            let token = claim_token();
-            let durable = async {
-                DB::write_in_progress(&mut guard.tx, op, token, &policy).await?;
-                let tx = std::mem::replace(&mut guard.tx, self.pool.begin().await?);
-                tx.commit().await
-            };
-            if let Err(error) = durable.await {
-                return Err(unavailable(&policy, error));
-            }
-            guard.token = Some(token);
-        }
         Ok(Claim::Execute(guard))
     }
 
@@ -442,7 +426,9 @@ impl<DB: Backend> ClaimGuard<DB> {
         let written = match (via, token) {
             (Via::FailedOpen, _) => Ok(true),
             (_, Some(token)) => DB::complete_claim(&mut tx, &op, token, &response, &policy).await,
-            (_, None) => DB::write_completed(&mut tx, &op, &response, &policy).await.map(|()| true),
+            (_, None) => DB::write_completed(&mut tx, &op, &response, &policy)
+                .await
+                .map(|()| true),
         };
         match written {
             Ok(true) => tx

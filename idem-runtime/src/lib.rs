@@ -19,22 +19,28 @@
 //! | in progress | same | expired | take over and execute |
 //! | expired, not yet purged | any | – | treated as absent |
 
+#[doc(hidden)]
+pub mod __private;
 pub mod engine;
 pub mod error;
+pub mod faults;
 pub mod fingerprint;
 mod hex;
+#[cfg(feature = "axum")]
+pub mod http;
 pub mod key;
 pub mod operation;
 pub mod outcome;
 pub mod policy;
 pub mod problem;
+pub mod registry;
 pub mod scope;
 pub mod step;
 pub mod store;
 #[cfg(feature = "test-support")]
 pub mod test_support;
 
-pub use engine::{Claim, ClaimGuard, Completed, Engine, Stats, Via, WorkFuture};
+pub use engine::{Claim, ClaimGuard, Completed, Engine, Stats, Via};
 pub use error::IdemError;
 pub use fingerprint::{fingerprint, Fingerprint, FingerprintHasher, RequestHash};
 pub use key::{IdempotencyKey, KeyError};
@@ -42,7 +48,8 @@ pub use operation::Operation;
 pub use outcome::{Disposition, ErrorOutcome, Outcome, ReplayError, StoredResponse};
 pub use policy::{ClaimMode, FailureMode, Policy};
 pub use problem::Problem;
-pub use scope::Scope;
+pub use registry::Step;
+pub use scope::{Scope, ScopePart};
 pub use step::{check_step_name, child_key, StepNameError};
 pub use store::Backend;
 

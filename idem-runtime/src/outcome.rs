@@ -57,6 +57,11 @@ pub struct ReplayError {
 /// Implemented for `Result<T, E>` with a serializable `T` and an [`ErrorOutcome`]
 /// `E`, and for [`StoredResponse`] itself (for HTTP layers that store rendered
 /// responses).
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be stored as an idempotent outcome",
+    label = "not storable: return `Result<T, E>`",
+    note = "an idempotent operation returns `Result<T, E>` where `T: Serialize + DeserializeOwned` (stored and replayed as JSON) and `E: ErrorOutcome` (deterministic errors are stored, transient ones roll back)"
+)]
 pub trait Outcome: Sized {
     /// Decides what to store. Called once, after the work ran.
     fn disposition(&self) -> Disposition;

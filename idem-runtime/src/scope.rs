@@ -77,3 +77,72 @@ impl fmt::Display for Scope {
         f.write_str(&self.stored)
     }
 }
+
+/// A value that names (part of) a [`Scope`]: what `#[idempotent(scope = "...")]`
+/// parameters must implement. Implemented for strings, integers, `bool`,
+/// `char`, and references and smart pointers to them; implement it for your
+/// own tenant or caller types.
+///
+/// ```
+/// use idem_runtime::ScopePart;
+/// use std::borrow::Cow;
+///
+/// struct TenantId(u64);
+/// impl ScopePart for TenantId {
+///     fn scope_part(&self) -> Cow<'_, str> {
+///         Cow::Owned(self.0.to_string())
+///     }
+/// }
+/// assert_eq!(TenantId(7).scope_part(), "7");
+/// ```
+pub trait ScopePart {
+    /// The text this value contributes to the scope.
+    fn scope_part(&self) -> std::borrow::Cow<'_, str>;
+}
+
+impl ScopePart for str {
+    fn scope_part(&self) -> std::borrow::Cow<'_, str> {
+        std::borrow::Cow::Borrowed(self)
+    }
+}
+
+impl ScopePart for String {
+    fn scope_part(&self) -> std::borrow::Cow<'_, str> {
+        std::borrow::Cow::Borrowed(self)
+    }
+}
+
+impl ScopePart for std::borrow::Cow<'_, str> {
+    fn scope_part(&self) -> std::borrow::Cow<'_, str> {
+        std::borrow::Cow::Borrowed(self)
+    }
+}
+
+impl<T: ScopePart + ?Sized> ScopePart for &T {
+    fn scope_part(&self) -> std::borrow::Cow<'_, str> {
+        (**self).scope_part()
+    }
+}
+
+impl<T: ScopePart + ?Sized> ScopePart for Box<T> {
+    fn scope_part(&self) -> std::borrow::Cow<'_, str> {
+        (**self).scope_part()
+    }
+}
+
+impl<T: ScopePart + ?Sized> ScopePart for std::sync::Arc<T> {
+    fn scope_part(&self) -> std::borrow::Cow<'_, str> {
+        (**self).scope_part()
+    }
+}
+
+macro_rules! display_scope_part {
+    ($($t:ty)*) => {$(
+        impl ScopePart for $t {
+            fn scope_part(&self) -> std::borrow::Cow<'_, str> {
+                std::borrow::Cow::Owned(self.to_string())
+            }
+        }
+    )*};
+}
+display_scope_part!(i8 i16 i32 i64 i128 isize u8 u16 u32 u64 u128 usize bool char);

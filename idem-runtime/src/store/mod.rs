@@ -69,21 +69,16 @@ pub trait Backend: sqlx::Database + Sized {
     #[doc(hidden)]
     fn migrator() -> &'static sqlx::migrate::Migrator;
 
-    /// Opens the claim's transaction holding the key's lock, waiting at most
-    /// `policy.wait_timeout` for it.
+    /// Opens the claim's transaction, takes the key's lock (waiting at most
+    /// `policy.wait_timeout`) and reads the record under it.
     #[doc(hidden)]
-    fn begin_claim<'a>(
+    fn lock_and_read<'a>(
         pool: &'a Pool<Self>,
         op: &'a Operation,
         policy: &'a Policy,
-    ) -> impl Future<Output = Result<Transaction<'static, Self>, sqlx::Error>> + Send + 'a;
-
-    /// Reads the record for `(scope, key)`.
-    #[doc(hidden)]
-    fn lookup<'a>(
-        conn: &'a mut Self::Connection,
-        op: &'a Operation,
-    ) -> impl Future<Output = Result<Option<Record>, sqlx::Error>> + Send + 'a;
+    ) -> impl Future<Output = Result<(Transaction<'static, Self>, Option<Record>), sqlx::Error>>
+           + Send
+           + 'a;
 
     /// Reads the record outside any transaction (used when [`Backend::READ_BEFORE_LOCK`]).
     #[doc(hidden)]

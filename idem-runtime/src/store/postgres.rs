@@ -1,15 +1,17 @@
 //! Postgres: production.
 //!
-//! A claim opens its transaction and takes a transaction-scoped advisory lock
-//! on a hash of `(scope, key)` in the same round trip, bounded by
-//! `SET LOCAL lock_timeout`. A duplicate waits on that lock, not on a row, and
-//! reads the winner's committed record once it is released. The completed
+//! A claim opens its transaction, then takes a transaction-scoped advisory lock
+//! on a hash of `(scope, key)` and reads the record in one statement (the
+//! migration's `idem_lock_and_read` function), waiting at most the policy's
+//! `wait_timeout`. A duplicate waits on that lock, not on a row, and reads the
+//! winner's committed record once it is released. The completed
 //! record is written once, just before the commit that carries the business
 //! writes: one tuple per operation, never an insert followed by an update.
 //!
 //! A repeat never locks: the engine first reads the record with one
 //! autocommit `SELECT` (a prepared statement), and a completed record with the
-//! same fingerprint is replayed from that read. Only a key with no live record
+//! same fingerprint is replayed from that read (a mismatch or a live
+//! in-progress claim is refused from it too). Only a key with no live record
 //! goes on to the lock.
 //!
 //! SQL stays within what Postgres-compatible engines accept where it costs
@@ -111,35 +113,25 @@ impl Backend for Postgres {
         &MIGRATOR
     }
 
-    async fn begin_claim<'a>(
+    async fn lock_and_read<'a>(
         pool: &'a Pool<Self>,
         op: &'a Operation,
         policy: &'a Policy,
-    ) -> Result<Transaction<'static, Self>, sqlx::Error> {
-        // Both numbers are formatted integers, never user text. The lock timeout
-        // bounds only the wait for the key's lock; business writes run under the
-        // session's own setting. BEGIN comes last: the statements before it
-        // form an implicit block that BEGIN turns into the transaction, and a
-        // lock timeout rolls that block back whole instead of leaving an
-        // aborted transaction on a pooled connection.
-        let begin = format!(
-            "SET LOCAL lock_timeout = {}; SELECT pg_advisory_xact_lock({}); SET LOCAL lock_timeout = DEFAULT; BEGIN",
-            millis(policy.wait_timeout).max(1),
-            op.lock_id()
-        );
-        pool.begin_with(begin).await
-    }
-
-    async fn lookup<'a>(
-        conn: &'a mut PgConnection,
-        op: &'a Operation,
-    ) -> Result<Option<Record>, sqlx::Error> {
-        let row = sqlx::query(SELECT_RECORD)
+    ) -> Result<(Transaction<'static, Self>, Option<Record>), sqlx::Error> {
+        let mut tx = pool.begin().await?;
+        let row = sqlx::query("SELECT * FROM idem_lock_and_read($1, $2, $3, $4)")
+            .bind(op.lock_id())
+            .bind(
+                i32::try_from(millis(policy.wait_timeout))
+                    .unwrap_or(i32::MAX)
+                    .max(1),
+            )
             .bind(op.scope.as_stored())
             .bind(op.key.as_str())
-            .fetch_optional(conn)
+            .fetch_optional(&mut *tx)
             .await?;
-        row.as_ref().map(record).transpose()
+        let record = row.as_ref().map(record).transpose()?;
+        Ok((tx, record))
     }
 
     async fn lookup_unlocked<'a>(

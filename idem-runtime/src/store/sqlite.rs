@@ -5,7 +5,7 @@
 //! `busy_timeout`. Claims from one engine (and its clones) queue in process,
 //! first come first served, before asking for the lock, so they are not left
 //! to the busy handler's sleeps (1, 2, 5 ... 100 ms): under 64 concurrent
-//! duplicates of one key that took 0.4-1.8 s per key, queued it takes tens of
+//! duplicates of one key that took 0.4-1.8 s per key; queued, it takes tens of
 //! milliseconds. Other processes still meet at `busy_timeout`. Replays and
 //! conflicts are answered by a read in WAL mode, which never waits for the
 //! write lock.
@@ -82,7 +82,7 @@ async fn pool(
 fn now_ms() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
-        .map(|d| millis(d))
+        .map(millis)
         .unwrap_or(0)
 }
 
@@ -134,24 +134,21 @@ impl Backend for Sqlite {
         &MIGRATOR
     }
 
-    async fn begin_claim<'a>(
+    async fn lock_and_read<'a>(
         pool: &'a Pool<Self>,
-        _op: &'a Operation,
-        _policy: &'a Policy,
-    ) -> Result<Transaction<'static, Self>, sqlx::Error> {
-        pool.begin_with("BEGIN IMMEDIATE").await
-    }
-
-    async fn lookup<'a>(
-        conn: &'a mut SqliteConnection,
         op: &'a Operation,
-    ) -> Result<Option<Record>, sqlx::Error> {
+        _policy: &'a Policy,
+    ) -> Result<(Transaction<'static, Self>, Option<Record>), sqlx::Error> {
+        // The write lock up front: a deferred transaction that upgrades later
+        // can fail with SQLITE_BUSY_SNAPSHOT instead of waiting.
+        let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
         let row = sqlx::query(SELECT_RECORD)
             .bind(op.scope.as_stored())
             .bind(op.key.as_str())
-            .fetch_optional(conn)
+            .fetch_optional(&mut *tx)
             .await?;
-        row.as_ref().map(record).transpose()
+        let record = row.as_ref().map(record).transpose()?;
+        Ok((tx, record))
     }
 
     async fn lookup_unlocked<'a>(

@@ -1,0 +1,663 @@
+//! The retry story, end to end, over real sockets in one process:
+//!
+//! ```text
+//! client ──► gateway ──► order service ──► mesh sidecar ──► payments service
+//!            (retries)   POST /checkout    (retries)        POST /payments
+//!                        orders.db                          payments.db
+//! ```
+//!
+//! `cargo run --example checkout`
+//!
+//! The order service's `POST /checkout` is an `#[idempotent(http)]` handler:
+//! it charges the card through the mesh with the derived key
+//! `order_key.child(CHARGE_CARD)` (= `child_key(order_key, "charge-card.v1")`)
+//! and records the order in the claim's transaction. The gateway and the mesh
+//! are small retrying proxies: each retries once when its upstream answer is
+//! lost (connection dropped) or late. Answers are really lost: a demo-only
+//! layer on each service, armed per key, drops the connection after the
+//! commit or holds the answer back.
+//!
+//! The demo plays the guide's retries (a client retry after a lost response, a
+//! gateway retry, a mesh retry, a concurrent duplicate, a crash after commit,
+//! a key reused with a changed amount), prints every attempt in the order it
+//! started and what it got, checks that each order was charged exactly once,
+//! and exits non-zero if not.
+
+#[path = "services/client.rs"]
+mod client;
+#[path = "services/payments.rs"]
+mod payments;
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::extract::{FromRef, Request, State};
+use axum::http::{HeaderName, HeaderValue, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use axum::Router;
+use client::{BoxError, HttpClient, Reply};
+use idem::http::{Json, ProblemDetails};
+use idem::{idempotent, Engine, Fingerprint, IdempotencyKey};
+use payments::Tenant;
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+use sqlx::{Sqlite, SqliteConnection};
+
+idem::steps! {
+    /// An order placed through the order service's `POST /checkout`.
+    const PLACE_ORDER = "place-order.v1";
+    /// The card charge an order asks payments for; its key is the order's
+    /// key's child under this step.
+    const CHARGE_CARD = "charge-card.v1";
+}
+
+const TENANT: &str = "shop-1";
+/// How long the gateway and the mesh wait for an upstream answer.
+const PROXY_TIMEOUT: Duration = Duration::from_secs(3);
+/// How long the client of the first story waits before giving up on a read.
+const CLIENT_TIMEOUT: Duration = Duration::from_millis(500);
+
+// ---------------------------------------------------------------------------
+// The order service
+// ---------------------------------------------------------------------------
+
+/// `POST /checkout` body.
+#[derive(Debug, Clone, Deserialize, Fingerprint)]
+struct CheckoutRequest {
+    order_ref: String,
+    amount_cents: i64,
+    currency: String,
+}
+
+#[derive(Debug, Serialize)]
+struct Order {
+    order_id: String,
+    payment_id: String,
+    amount_cents: i64,
+}
+
+#[derive(Clone)]
+struct Orders {
+    engine: Engine<Sqlite>,
+    /// The payments service, as the mesh sidecar exposes it.
+    payments_url: String,
+    http: HttpClient,
+}
+
+impl FromRef<Orders> for Engine<Sqlite> {
+    fn from_ref(orders: &Orders) -> Self {
+        orders.engine.clone()
+    }
+}
+
+/// `POST /checkout`: charge the card through payments with the derived key,
+/// record the order; both the order and this answer commit together, and
+/// every retry of the key gets this answer back without running again.
+#[idempotent(http, scope = "tenant", step = PLACE_ORDER)]
+async fn checkout(
+    tx: &mut SqliteConnection,
+    State(orders): State<Orders>,
+    Tenant(tenant): Tenant,
+    key: IdempotencyKey,
+    #[fingerprint] Json(request): Json<CheckoutRequest>,
+) -> Response {
+    let charge_key = key.child(CHARGE_CARD);
+    let charge = json!({
+        "amount_cents": request.amount_cents,
+        "currency": request.currency,
+        "destination": format!("merchant/{}", request.order_ref),
+    });
+    let headers = [
+        ("idempotency-key", charge_key.as_str()),
+        ("x-tenant-id", tenant.as_str()),
+    ];
+    let url = format!("{}/payments", orders.payments_url);
+    match orders.http.post_json(&url, &headers, &charge).await {
+        Ok(reply) if reply.status == 201 => {
+            let order = Order {
+                order_id: request.order_ref.clone(),
+                payment_id: reply.json()["payment_id"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned(),
+                amount_cents: request.amount_cents,
+            };
+            let inserted = sqlx::query(
+                "INSERT INTO orders (order_id, payment_id, amount_cents) VALUES ($1, $2, $3)",
+            )
+            .bind(&order.order_id)
+            .bind(&order.payment_id)
+            .bind(order.amount_cents)
+            .execute(&mut *tx)
+            .await;
+            match inserted {
+                Ok(_) => (StatusCode::CREATED, axum::Json(order)).into_response(),
+                Err(error) => unavailable(&format!("the order could not be recorded ({error})")),
+            }
+        }
+        // A deterministic refusal: stored and replayed.
+        Ok(reply) if (400..500).contains(&reply.status) && reply.status != 409 => {
+            ProblemDetails::new(402, "Payment refused")
+                .with_detail(format!(
+                    "The payments service refused the charge ({}); nothing was ordered.",
+                    reply.status
+                ))
+                .into_response()
+        }
+        Ok(reply) => unavailable(&format!("the payments service answered {}", reply.status)),
+        Err(error) => unavailable(&format!("the payments service did not answer ({error})")),
+    }
+}
+
+/// A transient failure (5xx): rolled back, not stored; the retry runs again.
+fn unavailable(why: &str) -> Response {
+    ProblemDetails::new(503, "Order not placed")
+        .with_detail(format!(
+            "{why}; nothing was stored, retry with the same Idempotency-Key."
+        ))
+        .into_response()
+}
+
+// ---------------------------------------------------------------------------
+// Lost answers: a demo-only layer on each service, armed per key
+// ---------------------------------------------------------------------------
+
+/// How the next answer for a key is lost, after the handler has committed.
+#[derive(Clone, Copy)]
+enum Loss {
+    /// The connection dies without an answer, as when the process crashes
+    /// right after the commit.
+    Cut,
+    /// The answer is held back this long (a stalled link); whoever waits
+    /// less gives up.
+    Stall(Duration),
+}
+
+/// Keys whose next answer is lost.
+#[derive(Clone, Default)]
+struct LinkFaults(Arc<Mutex<HashMap<String, Loss>>>);
+
+impl LinkFaults {
+    fn arm(&self, key: &str, loss: Loss) {
+        self.0.lock().unwrap().insert(key.to_owned(), loss);
+    }
+
+    fn take(&self, key: &str) -> Option<Loss> {
+        self.0.lock().unwrap().remove(key)
+    }
+}
+
+/// The panic payload that kills a connection's task (kept out of the output).
+struct ConnectionCut;
+
+async fn lose_answers(State(faults): State<LinkFaults>, request: Request, next: Next) -> Response {
+    let key = header(&request, "idempotency-key");
+    let response = next.run(request).await;
+    match key.and_then(|key| faults.take(&key)) {
+        // axum serves each connection on its own task: this ends it, and the
+        // peer sees the connection close with no answer.
+        Some(Loss::Cut) => std::panic::panic_any(ConnectionCut),
+        Some(Loss::Stall(delay)) => {
+            tokio::time::sleep(delay).await;
+            response
+        }
+        None => response,
+    }
+}
+
+fn header(request: &Request, name: &str) -> Option<String> {
+    request
+        .headers()
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+        .map(|v| v.trim_matches('"').to_owned())
+}
+
+// ---------------------------------------------------------------------------
+// The trace: every attempt, by whom, in the order it started
+// ---------------------------------------------------------------------------
+
+struct Event {
+    seq: u64,
+    /// The idempotency key the attempt carried.
+    key: String,
+    who: String,
+    got: String,
+}
+
+#[derive(Clone, Default)]
+struct Trace {
+    next: Arc<AtomicU64>,
+    events: Arc<Mutex<Vec<Event>>>,
+}
+
+impl Trace {
+    /// Runs one attempt, recording who made it and what it got, ordered by
+    /// when it started.
+    async fn attempt<T>(
+        &self,
+        key: &str,
+        who: String,
+        attempt: impl Future<Output = T>,
+        got: impl FnOnce(&T) -> String,
+    ) -> T {
+        let seq = self.next.fetch_add(1, Ordering::SeqCst);
+        let result = attempt.await;
+        self.events.lock().unwrap().push(Event {
+            seq,
+            key: key.to_owned(),
+            who,
+            got: got(&result),
+        });
+        result
+    }
+
+    fn for_keys(&self, keys: &[&str]) -> Vec<(String, String)> {
+        let mut events: Vec<(u64, String, String)> = self
+            .events
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|e| keys.contains(&e.key.as_str()))
+            .map(|e| (e.seq, e.who.clone(), e.got.clone()))
+            .collect();
+        events.sort_by_key(|e| e.0);
+        events.into_iter().map(|(_, who, got)| (who, got)).collect()
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The gateway and the mesh sidecar: one retrying proxy, twice
+// ---------------------------------------------------------------------------
+
+/// Forwards every request to `upstream`; when the answer is lost (the
+/// connection drops) or late (past `timeout`), sends the same request once more.
+#[derive(Clone)]
+struct RetryingProxy {
+    /// `gateway -> orders`, `mesh -> payments`: how the trace names a hop.
+    hop: &'static str,
+    upstream: String,
+    timeout: Duration,
+    http: HttpClient,
+    trace: Trace,
+}
+
+impl RetryingProxy {
+    fn router(self) -> Router {
+        Router::new().fallback(forward).with_state(self)
+    }
+}
+
+async fn forward(State(proxy): State<RetryingProxy>, request: Request) -> Response {
+    let key = header(&request, "idempotency-key").unwrap_or_default();
+    let (parts, body) = request.into_parts();
+    let Ok(body) = axum::body::to_bytes(body, 1 << 20).await else {
+        return ProblemDetails::new(400, "Unreadable body").into_response();
+    };
+    let url = format!(
+        "{}{}",
+        proxy.upstream,
+        parts.uri.path_and_query().map_or("/", |p| p.as_str())
+    );
+    let headers: Vec<(&str, &[u8])> = parts
+        .headers
+        .iter()
+        .filter(|(name, _)| !matches!(name.as_str(), "host" | "content-length" | "connection"))
+        .map(|(name, value)| (name.as_str(), value.as_bytes()))
+        .collect();
+    for attempt in 1..=2 {
+        let send = proxy
+            .http
+            .send(parts.method.clone(), &url, &headers, Some(body.to_vec()));
+        let who = format!("{} #{attempt}", proxy.hop);
+        let timeout = proxy.timeout;
+        let result = proxy
+            .trace
+            .attempt(&key, who, tokio::time::timeout(timeout, send), |r| {
+                let got = match r {
+                    Ok(reply) => describe(reply),
+                    Err(_) => format!("no answer within {timeout:?}"),
+                };
+                if matches!(r, Ok(Ok(_))) {
+                    got
+                } else if attempt == 1 {
+                    format!("{got} -> retries")
+                } else {
+                    format!("{got} -> gives up: 502")
+                }
+            })
+            .await;
+        if let Ok(Ok(reply)) = result {
+            return relay(reply);
+        }
+    }
+    ProblemDetails::new(502, "Upstream lost")
+        .with_detail("The upstream answer was lost twice; retry with the same Idempotency-Key.")
+        .into_response()
+}
+
+/// The upstream's answer, passed on as it came.
+fn relay(reply: Reply) -> Response {
+    let mut response = (
+        StatusCode::from_u16(reply.status).unwrap_or(StatusCode::BAD_GATEWAY),
+        reply.body,
+    )
+        .into_response();
+    for (name, value) in &reply.headers {
+        if !matches!(
+            name.as_str(),
+            "content-length" | "transfer-encoding" | "connection"
+        ) {
+            response.headers_mut().insert(
+                HeaderName::from(name),
+                HeaderValue::from_bytes(value.as_bytes()).expect("a valid header value"),
+            );
+        }
+    }
+    response
+}
+
+/// What an answer (or its absence) means, as the table shows it.
+fn describe(reply: &Result<Reply, BoxError>) -> String {
+    match reply {
+        Err(_) => "no answer: connection dropped".to_owned(),
+        Ok(reply) => match reply.status {
+            201 if reply.replayed() => "201 replayed".to_owned(),
+            201 => "201 executed".to_owned(),
+            409 => format!(
+                "409 in progress, Retry-After {}",
+                reply.header("retry-after").unwrap_or("?")
+            ),
+            422 => "422 key reused with a different request".to_owned(),
+            other => format!("{other} {}", reply.json()["title"].as_str().unwrap_or("")),
+        },
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The story
+// ---------------------------------------------------------------------------
+
+async fn start(app: Router) -> Result<String, BoxError> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let base = format!("http://{}", listener.local_addr()?);
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    Ok(base)
+}
+
+struct Demo {
+    http: HttpClient,
+    orders_url: String,
+    gateway_url: String,
+    trace: Trace,
+}
+
+impl Demo {
+    /// One client attempt at `POST /checkout`, at `base`, traced as `who`.
+    async fn checkout(
+        &self,
+        who: &str,
+        base: &str,
+        key: &str,
+        order_ref: &str,
+        amount_cents: i64,
+    ) -> Result<Reply, BoxError> {
+        let headers = [("idempotency-key", key), ("x-tenant-id", TENANT)];
+        let body = json!({"order_ref": order_ref, "amount_cents": amount_cents, "currency": "EUR"});
+        let url = format!("{base}/checkout");
+        let send = self.http.post_json(&url, &headers, &body);
+        self.trace
+            .attempt(key, who.to_owned(), send, describe)
+            .await
+    }
+
+    /// Like [`Demo::checkout`], but the client stops reading after [`CLIENT_TIMEOUT`].
+    async fn checkout_impatient(
+        &self,
+        who: &str,
+        key: &str,
+        order_ref: &str,
+        amount_cents: i64,
+    ) -> Option<Reply> {
+        let headers = [("idempotency-key", key), ("x-tenant-id", TENANT)];
+        let body = json!({"order_ref": order_ref, "amount_cents": amount_cents, "currency": "EUR"});
+        let url = format!("{}/checkout", self.orders_url);
+        let send = tokio::time::timeout(CLIENT_TIMEOUT, self.http.post_json(&url, &headers, &body));
+        self.trace
+            .attempt(key, who.to_owned(), send, |r| match r {
+                Ok(reply) => describe(reply),
+                Err(_) => format!("no answer within {CLIENT_TIMEOUT:?}: client gave up"),
+            })
+            .await
+            .ok()
+            .and_then(Result::ok)
+    }
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    match run().await {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::FAILURE,
+        Err(error) => {
+            eprintln!("checkout demo failed: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run() -> Result<bool, BoxError> {
+    let started = Instant::now();
+    // A cut connection is a panic on purpose; keep its message out of the table.
+    let default_hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        if info.payload().downcast_ref::<ConnectionCut>().is_none() {
+            default_hook(info);
+        }
+    }));
+
+    let dir = tempfile::tempdir()?;
+    let trace = Trace::default();
+
+    // payments: migrates, validates the step registry, serves.
+    let payments_db = dir.path().join("payments.db");
+    let payments_store = payments::Store::open(Some(&payments_db.display().to_string())).await?;
+    let payments_faults = LinkFaults::default();
+    let payments_url = start(payments_store.router(payments::Config::default()).layer(
+        middleware::from_fn_with_state(payments_faults.clone(), lose_answers),
+    ))
+    .await?;
+    let mesh_url = start(
+        RetryingProxy {
+            hop: "mesh -> payments",
+            upstream: payments_url.clone(),
+            timeout: PROXY_TIMEOUT,
+            http: HttpClient::new(),
+            trace: trace.clone(),
+        }
+        .router(),
+    )
+    .await?;
+
+    // orders: the same start-up, then the gateway in front of it.
+    let orders_engine = Engine::<Sqlite>::open_sqlite(dir.path().join("orders.db")).await?;
+    orders_engine.migrate().await?;
+    idem::registry::validate(&orders_engine).await?;
+    sqlx::query("CREATE TABLE orders (order_id TEXT PRIMARY KEY, payment_id TEXT NOT NULL, amount_cents BIGINT NOT NULL)")
+        .execute(orders_engine.pool())
+        .await?;
+    let orders_faults = LinkFaults::default();
+    let orders_app = Router::new()
+        .route("/checkout", post(checkout))
+        .layer(middleware::from_fn_with_state(
+            orders_faults.clone(),
+            lose_answers,
+        ))
+        .with_state(Orders {
+            engine: orders_engine.clone(),
+            payments_url: mesh_url.clone(),
+            http: HttpClient::new(),
+        });
+    let orders_url = start(orders_app).await?;
+    let gateway_url = start(
+        RetryingProxy {
+            hop: "gateway -> orders",
+            upstream: orders_url.clone(),
+            timeout: PROXY_TIMEOUT,
+            http: HttpClient::new(),
+            trace: trace.clone(),
+        }
+        .router(),
+    )
+    .await?;
+
+    println!("client --> gateway  {gateway_url}   retries once on a lost or late answer");
+    println!("       --> orders   {orders_url}   POST /checkout, #[idempotent(http)], step {PLACE_ORDER}, SQLite");
+    println!("orders --> mesh     {mesh_url}   retries once on a lost or late answer");
+    println!("       --> payments {payments_url}   POST /payments, #[idempotent(http)], SQLite");
+    println!("the charge's key: order key .child({CHARGE_CARD}) = child_key(order key, \"{CHARGE_CARD}\")\n");
+
+    let demo = Demo {
+        http: HttpClient::new(),
+        orders_url: orders_url.clone(),
+        gateway_url: gateway_url.clone(),
+        trace: trace.clone(),
+    };
+    let (orders, gateway) = (&demo.orders_url, &demo.gateway_url);
+    // (logical operation, order, key)
+    let mut story: Vec<(&str, &str, &str)> = Vec::new();
+
+    // 1. The answer stalls on the way back; the client stops waiting and
+    //    retries with the same key.
+    let key = "key-ord-1001";
+    story.push(("client retry after a lost response", "ord-1001", key));
+    orders_faults.arm(key, Loss::Stall(Duration::from_secs(2)));
+    if demo
+        .checkout_impatient("client #1 -> orders", key, "ord-1001", 2500)
+        .await
+        .is_none()
+    {
+        demo.checkout("client #2 -> orders", orders, key, "ord-1001", 2500)
+            .await?;
+    }
+
+    // 2. The order service's answer to the gateway is lost (the connection
+    //    drops after the commit); the gateway retries on its own.
+    let key = "key-ord-1002";
+    story.push(("gateway retry", "ord-1002", key));
+    orders_faults.arm(key, Loss::Cut);
+    demo.checkout("client #1 -> gateway", gateway, key, "ord-1002", 1800)
+        .await?;
+
+    // 3. Payments' answer to the mesh is lost; the sidecar retries the charge
+    //    with the same derived key.
+    let key = "key-ord-1003";
+    story.push(("mesh retry of the charge", "ord-1003", key));
+    let charge_key = IdempotencyKey::new(key)?.child(CHARGE_CARD);
+    payments_faults.arm(charge_key.as_str(), Loss::Cut);
+    demo.checkout("client #1 -> gateway", gateway, key, "ord-1003", 4200)
+        .await?;
+
+    // 4. A double click: two attempts at once.
+    let key = "key-ord-1004";
+    story.push(("duplicate fired concurrently", "ord-1004", key));
+    let (a, b) = tokio::join!(
+        demo.checkout("client #1 -> orders", orders, key, "ord-1004", 990),
+        demo.checkout("client #2 -> orders", orders, key, "ord-1004", 990),
+    );
+    a?;
+    b?;
+
+    // 5. The order service commits, then its connection to the client dies
+    //    before the answer leaves; the client retries later.
+    let key = "key-ord-1005";
+    story.push(("crash after commit", "ord-1005", key));
+    orders_faults.arm(key, Loss::Cut);
+    if demo
+        .checkout("client #1 -> orders", orders, key, "ord-1005", 3100)
+        .await
+        .is_err()
+    {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        demo.checkout("client #2 -> orders", orders, key, "ord-1005", 3100)
+            .await?;
+    }
+
+    // 6. A buggy client reuses a key for a different amount.
+    let key = "key-ord-1006";
+    story.push(("key reused with a changed amount", "ord-1006", key));
+    demo.checkout("client #1 -> gateway", gateway, key, "ord-1006", 5000)
+        .await?;
+    demo.checkout("client #2 -> gateway", gateway, key, "ord-1006", 7500)
+        .await?;
+
+    // Side effects, per service.
+    let charges = demo
+        .http
+        .get(
+            &format!("{payments_url}/payments"),
+            &[("x-tenant-id", TENANT)],
+        )
+        .await?
+        .json();
+    let charges = charges["payments"].as_array().cloned().unwrap_or_default();
+    let placed: Vec<(String, String)> = sqlx::query_as("SELECT order_id, payment_id FROM orders")
+        .fetch_all(orders_engine.pool())
+        .await?;
+
+    const WIDTH: usize = 104;
+    println!("{:<34} {:<26} got", "logical operation", "attempt");
+    println!("{}", "-".repeat(WIDTH));
+    let mut ok = true;
+    for (name, order_ref, key) in &story {
+        let child = IdempotencyKey::new(*key)?.child(CHARGE_CARD);
+        let events = trace.for_keys(&[key, child.as_str()]);
+        for (i, (who, got)) in events.iter().enumerate() {
+            let label = match i {
+                0 => name.to_string(),
+                1 => format!("  {order_ref}, key {key}"),
+                _ => String::new(),
+            };
+            let who = if who.starts_with("client") {
+                who.clone()
+            } else {
+                format!("  {who}")
+            };
+            println!("{label:<34} {who:<26} {got}");
+        }
+        let destination = format!("merchant/{order_ref}");
+        let charged = charges
+            .iter()
+            .filter(|c| c["destination"] == destination.as_str())
+            .count();
+        let ordered = placed.iter().filter(|(id, _)| id == order_ref).count();
+        let right = charged == 1 && ordered == 1;
+        ok &= right;
+        println!(
+            "{:<34} {:<26} orders {ordered}, charges {charged}  [{}]",
+            "",
+            "  side effects",
+            if right { "ok" } else { "WRONG" }
+        );
+        println!();
+    }
+    println!("{}", "-".repeat(WIDTH));
+    let all = ok && charges.len() == story.len() && placed.len() == story.len();
+    println!(
+        "order service: {} orders | payments service: {} charges | {} logical operations, one charge per order: {} ({} ms)",
+        placed.len(),
+        charges.len(),
+        story.len(),
+        if all { "yes" } else { "NO" },
+        started.elapsed().as_millis()
+    );
+    Ok(all)
+}

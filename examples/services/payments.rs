@@ -1,0 +1,547 @@
+//! The payments service: `POST /payments`, `GET /payments`, `GET /healthz`.
+//!
+//! Shared by `examples/payments.rs` (the service on its own), the checkout
+//! demo (which runs it in-process) and the HTTP tests.
+#![allow(dead_code)]
+
+use std::future::Future;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use axum::extract::{DefaultBodyLimit, FromRef, FromRequestParts, State};
+use axum::http::request::Parts;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post, MethodRouter};
+use axum::Router;
+use idem::http::{Json, ProblemDetails};
+use idem::Policy;
+use idem::{idempotent, Backend, Engine, Fingerprint, IdempotencyKey};
+use serde::{Deserialize, Serialize};
+use sqlx::{PgConnection, Pool, Postgres, Sqlite, SqliteConnection};
+
+use fault::FaultPoint;
+
+idem::steps! {
+    /// The step every payment is created under.
+    pub const CREATE_PAYMENT = "create-payment.v1";
+}
+
+/// The default request body limit.
+pub const DEFAULT_BODY_LIMIT: usize = 64 * 1024;
+
+/// The default SQLite file, in the working directory.
+pub const DEFAULT_SQLITE_FILE: &str = "idem-payments.db";
+
+/// Knobs of one payments service.
+#[derive(Debug, Clone, Copy)]
+pub struct Config {
+    /// Bodies larger than this are refused with 413 before any claim.
+    pub body_limit: usize,
+    /// Honour `X-Idem-Fault` (only with the `faults` feature).
+    pub allow_faults: bool,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            body_limit: DEFAULT_BODY_LIMIT,
+            allow_faults: false,
+        }
+    }
+}
+
+/// `POST /payments` body. `requested_at` is a client timestamp and is not
+/// part of the fingerprint: a retry with a fresh timestamp is the same request.
+#[derive(Debug, Clone, Deserialize, Fingerprint)]
+pub struct PaymentRequest {
+    /// Amount in the currency's minor unit; must be positive.
+    pub amount_cents: i64,
+    /// ISO 4217 code: three uppercase letters.
+    pub currency: String,
+    /// Where the money goes; not empty.
+    pub destination: String,
+    /// When the client made the request (ignored by the fingerprint).
+    #[serde(default)]
+    #[fingerprint(skip)]
+    pub requested_at: Option<String>,
+}
+
+/// A stored payment, as the API shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Payment {
+    /// The payment's id.
+    pub payment_id: String,
+    /// The amount in minor units.
+    pub amount_cents: i64,
+    /// The currency.
+    pub currency: String,
+    /// The destination.
+    pub destination: String,
+}
+
+/// `GET /payments` answer.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct PaymentList {
+    /// How many payments the tenant has.
+    pub count: usize,
+    /// The payments, oldest first.
+    pub payments: Vec<Payment>,
+}
+
+/// The business table, on either backend.
+pub trait Ledger: Backend {
+    /// Creates the `payments` table if missing.
+    fn create_table(pool: &Pool<Self>) -> impl Future<Output = sqlx::Result<()>> + Send;
+    /// Inserts a payment inside the claim's transaction.
+    fn insert(
+        conn: &mut Self::Connection,
+        tenant: &str,
+        payment: &Payment,
+    ) -> impl Future<Output = sqlx::Result<()>> + Send;
+    /// The tenant's payments, oldest first.
+    fn list(
+        pool: &Pool<Self>,
+        tenant: &str,
+    ) -> impl Future<Output = sqlx::Result<Vec<Payment>>> + Send;
+    /// One round trip to the database.
+    fn ping(pool: &Pool<Self>) -> impl Future<Output = sqlx::Result<()>> + Send;
+    /// `POST /payments`: this backend's `#[idempotent(http)]` handler.
+    fn create_route() -> MethodRouter<AppState<Self>>;
+}
+
+const CREATE_TABLE: &str = "CREATE TABLE IF NOT EXISTS payments (
+    payment_id   TEXT PRIMARY KEY,
+    tenant_id    TEXT NOT NULL,
+    amount_cents BIGINT NOT NULL,
+    currency     TEXT NOT NULL,
+    destination  TEXT NOT NULL,
+    created_at   BIGINT NOT NULL
+)";
+
+/// The same SQL runs on both backends (`$n` placeholders work on SQLite too).
+macro_rules! ledger {
+    ($db:ty, $create:ident) => {
+        impl Ledger for $db {
+            fn create_route() -> MethodRouter<AppState<Self>> {
+                post($create)
+            }
+
+            async fn create_table(pool: &Pool<Self>) -> sqlx::Result<()> {
+                sqlx::query(CREATE_TABLE).execute(pool).await.map(drop)
+            }
+
+            async fn insert(conn: &mut Self::Connection, tenant: &str, payment: &Payment) -> sqlx::Result<()> {
+                sqlx::query(
+                    "INSERT INTO payments (payment_id, tenant_id, amount_cents, currency, destination, created_at)
+                     VALUES ($1, $2, $3, $4, $5, $6)",
+                )
+                .bind(&payment.payment_id)
+                .bind(tenant)
+                .bind(payment.amount_cents)
+                .bind(&payment.currency)
+                .bind(&payment.destination)
+                .bind(now_millis())
+                .execute(conn)
+                .await
+                .map(drop)
+            }
+
+            async fn list(pool: &Pool<Self>, tenant: &str) -> sqlx::Result<Vec<Payment>> {
+                let rows: Vec<(String, i64, String, String)> = sqlx::query_as(
+                    "SELECT payment_id, amount_cents, currency, destination FROM payments
+                     WHERE tenant_id = $1 ORDER BY created_at, payment_id",
+                )
+                .bind(tenant)
+                .fetch_all(pool)
+                .await?;
+                Ok(rows
+                    .into_iter()
+                    .map(|(payment_id, amount_cents, currency, destination)| Payment {
+                        payment_id,
+                        amount_cents,
+                        currency,
+                        destination,
+                    })
+                    .collect())
+            }
+
+            async fn ping(pool: &Pool<Self>) -> sqlx::Result<()> {
+                sqlx::query("SELECT 1").execute(pool).await.map(drop)
+            }
+        }
+    };
+}
+
+ledger!(Sqlite, create_payment_sqlite);
+ledger!(Postgres, create_payment_postgres);
+
+/// The store behind a payments service: a SQLite file or a Postgres database.
+#[derive(Debug, Clone)]
+pub enum Store {
+    /// The embedded default.
+    Sqlite(Engine<Sqlite>),
+    /// Chosen by a `postgres://` URL.
+    Postgres(Engine<Postgres>),
+}
+
+impl Store {
+    /// Opens the store named by `url` (`postgres://...`, `sqlite:...`, a file
+    /// path, or `None` for [`DEFAULT_SQLITE_FILE`]), runs idem's migrations,
+    /// creates the `payments` table and validates the step registry against
+    /// the store (every problem listed in the error).
+    pub async fn open(url: Option<&str>) -> Result<Self, Box<dyn std::error::Error + Send + Sync>> {
+        Self::open_with(url, Policy::default()).await
+    }
+
+    /// Like [`Store::open`], with a policy other than the default.
+    pub async fn open_with(
+        url: Option<&str>,
+        policy: Policy,
+    ) -> Result<Self, Box<dyn std::error::Error + Send + Sync>> {
+        const POOL: u32 = 8;
+        let store = match url {
+            Some(url) if url.starts_with("postgres://") || url.starts_with("postgresql://") => {
+                let pool = idem::store::postgres::connect(url, &policy, POOL).await?;
+                Store::Postgres(Engine::new(pool).with_policy(policy))
+            }
+            url => {
+                let url = url.unwrap_or(DEFAULT_SQLITE_FILE);
+                let path = url
+                    .strip_prefix("sqlite://")
+                    .or_else(|| url.strip_prefix("sqlite:"))
+                    .unwrap_or(url);
+                let pool = idem::store::sqlite::open(path, &policy, POOL).await?;
+                Store::Sqlite(Engine::new(pool).with_policy(policy))
+            }
+        };
+        match &store {
+            Store::Sqlite(engine) => {
+                engine.migrate().await?;
+                Sqlite::create_table(engine.pool()).await?;
+                idem::registry::validate(engine).await?;
+            }
+            Store::Postgres(engine) => {
+                engine.migrate().await?;
+                Postgres::create_table(engine.pool()).await?;
+                idem::registry::validate(engine).await?;
+            }
+        }
+        Ok(store)
+    }
+
+    /// The backend's name.
+    pub fn backend(&self) -> &'static str {
+        match self {
+            Store::Sqlite(_) => "sqlite",
+            Store::Postgres(_) => "postgres",
+        }
+    }
+
+    /// The service's routes on this store.
+    pub fn router(&self, config: Config) -> Router {
+        match self {
+            Store::Sqlite(engine) => router(engine.clone(), config),
+            Store::Postgres(engine) => router(engine.clone(), config),
+        }
+    }
+}
+
+/// The router's state.
+pub struct AppState<DB: Backend> {
+    engine: Engine<DB>,
+    config: Config,
+}
+
+impl<DB: Backend> Clone for AppState<DB> {
+    fn clone(&self) -> Self {
+        Self {
+            engine: self.engine.clone(),
+            config: self.config,
+        }
+    }
+}
+
+/// `#[idempotent(http)]` handlers take the engine from the state.
+impl<DB: Backend> FromRef<AppState<DB>> for Engine<DB> {
+    fn from_ref(state: &AppState<DB>) -> Self {
+        state.engine.clone()
+    }
+}
+
+/// The payments routes over `engine`.
+pub fn router<DB: Ledger>(engine: Engine<DB>, config: Config) -> Router {
+    Router::new()
+        .route("/payments", DB::create_route().get(list_payments::<DB>))
+        .route("/healthz", get(healthz::<DB>))
+        .route_layer(axum::middleware::from_fn(request_span))
+        .layer(axum::middleware::from_fn_with_state(
+            config.allow_faults,
+            fault::layer,
+        ))
+        .layer(DefaultBodyLimit::max(config.body_limit))
+        .with_state(AppState { engine, config })
+}
+
+/// `POST /payments` on one backend: `#[idempotent(http)]` handlers need a
+/// concrete connection type, so the macro below writes one per backend, each
+/// a thin shell around [`charge`].
+///
+/// Every extractor (tenant, key, fault plan, body) runs before the claim, so
+/// a malformed request is refused with nothing stored. The body runs after
+/// the claim, inside its transaction; the macro renders and stores the
+/// response and commits it with the payment, or rolls back on a 5xx.
+macro_rules! create_payment {
+    ($handler:ident, $db:ty, $connection:ty) => {
+        #[idempotent(http, scope = "tenant", step = CREATE_PAYMENT)]
+        async fn $handler(
+            tx: &mut $connection,
+            Tenant(tenant): Tenant,
+            key: IdempotencyKey,
+            faults: fault::Faults,
+            #[fingerprint] Json(request): Json<PaymentRequest>,
+        ) -> Response {
+            charge::<$db>(tx, &tenant, &request, &faults).await
+        }
+    };
+}
+
+create_payment!(create_payment_sqlite, Sqlite, SqliteConnection);
+create_payment!(create_payment_postgres, Postgres, PgConnection);
+
+/// The business write of `POST /payments`, in the claim's transaction. The
+/// fault points `after-claim` and `after-business-write` are here; the
+/// `after-commit` point is in [`fault::layer`], which sees the response
+/// after the macro's commit.
+async fn charge<DB: Ledger>(
+    tx: &mut DB::Connection,
+    tenant: &str,
+    request: &PaymentRequest,
+    faults: &fault::Faults,
+) -> Response {
+    faults.at(FaultPoint::AfterClaim);
+    let answer = match validate(request) {
+        Err(problem) => problem.into_response(),
+        Ok(()) => {
+            let payment = Payment {
+                payment_id: new_payment_id(),
+                amount_cents: request.amount_cents,
+                currency: request.currency.clone(),
+                destination: request.destination.clone(),
+            };
+            match DB::insert(tx, tenant, &payment).await {
+                Ok(()) => (StatusCode::CREATED, axum::Json(payment)).into_response(),
+                Err(error) => {
+                    tracing::warn!(%error, "payment insert failed; rolling back");
+                    ProblemDetails::new(503, "Payment could not be recorded")
+                        .with_detail("The database failed while recording the payment; nothing was charged. Retry with the same Idempotency-Key.")
+                        .into_response()
+                }
+            }
+        }
+    };
+    faults.at(FaultPoint::AfterBusinessWrite);
+    faults.ran_body();
+    answer
+}
+
+/// The per-request `tracing` span: tenant, step, a short hash of the key
+/// (never the key), and the `outcome` the macro's response records
+/// (`executed`, `replayed`, ...).
+async fn request_span(request: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    use tracing::Instrument;
+    let headers = request.headers();
+    let Some(key) = headers
+        .get(idem::http::IDEMPOTENCY_KEY)
+        .and_then(|v| idem::http::parse_header_value(v).ok())
+    else {
+        return next.run(request).await;
+    };
+    let tenant = headers
+        .get("x-tenant-id")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_owned();
+    let span = tracing::info_span!(
+        "idem.request",
+        tenant = %tenant,
+        step = CREATE_PAYMENT.name(),
+        key = %key.log_tag(),
+        outcome = tracing::field::Empty,
+    );
+    next.run(request).instrument(span).await
+}
+
+/// The rules a well-formed body must also meet; breaking one is a
+/// deterministic 422, stored and replayed.
+fn validate(request: &PaymentRequest) -> Result<(), ProblemDetails> {
+    let invalid = |detail: String| {
+        Err(ProblemDetails::new(422, "Invalid payment")
+            .with_type("https://idem-rs.github.io/idem/problems#invalid-payment")
+            .with_detail(detail))
+    };
+    if request.amount_cents <= 0 {
+        return invalid(format!(
+            "amount_cents must be a positive integer, got {}; send a new request with a new Idempotency-Key",
+            request.amount_cents
+        ));
+    }
+    if request.currency.len() != 3 || !request.currency.bytes().all(|b| b.is_ascii_uppercase()) {
+        return invalid(format!(
+            "currency must be three uppercase letters (ISO 4217, e.g. EUR), got {:?}; send a new request with a new Idempotency-Key",
+            request.currency
+        ));
+    }
+    if request.destination.trim().is_empty() {
+        return invalid(
+            "destination must not be empty; send a new request with a new Idempotency-Key"
+                .to_owned(),
+        );
+    }
+    Ok(())
+}
+
+/// `GET /payments`: the tenant's payments only.
+async fn list_payments<DB: Ledger>(
+    State(state): State<AppState<DB>>,
+    Tenant(tenant): Tenant,
+) -> Response {
+    match DB::list(state.engine.pool(), &tenant).await {
+        Ok(payments) => axum::Json(PaymentList {
+            count: payments.len(),
+            payments,
+        })
+        .into_response(),
+        Err(error) => {
+            tracing::warn!(%error, "listing payments failed");
+            store_down().into_response()
+        }
+    }
+}
+
+/// `GET /healthz`: 200 when the store answers within a second, 503 when not.
+async fn healthz<DB: Ledger>(State(state): State<AppState<DB>>) -> Response {
+    match tokio::time::timeout(Duration::from_secs(1), DB::ping(state.engine.pool())).await {
+        Ok(Ok(())) => axum::Json(serde_json::json!({"status": "ok"})).into_response(),
+        _ => store_down().into_response(),
+    }
+}
+
+fn store_down() -> ProblemDetails {
+    ProblemDetails::new(503, "Store unavailable")
+        .with_type(idem::http::problem::types::STORE_UNAVAILABLE)
+        .with_detail("The database does not answer; retry in a few seconds.")
+}
+
+/// The `X-Tenant-Id` header: the scope every key lives in.
+pub struct Tenant(pub String);
+
+impl<S: Send + Sync> FromRequestParts<S> for Tenant {
+    type Rejection = ProblemDetails;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
+        let tenant = parts
+            .headers
+            .get("x-tenant-id")
+            .and_then(|v| v.to_str().ok())
+            .map(str::trim);
+        match tenant {
+            Some(tenant) if !tenant.is_empty() && tenant.len() <= 255 => Ok(Tenant(tenant.to_owned())),
+            _ => Err(ProblemDetails::new(400, "X-Tenant-Id header missing")
+                .with_type("https://idem-rs.github.io/idem/problems#tenant-missing")
+                .with_detail("Send the tenant this request acts for in the X-Tenant-Id header (1 to 255 visible ASCII characters).")),
+        }
+    }
+}
+
+/// A fresh, unique payment id: a random (v4) UUID.
+fn new_payment_id() -> String {
+    format!("pay_{}", uuid::Uuid::new_v4().simple())
+}
+
+fn now_millis() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+/// Fault injection: `X-Idem-Fault` is honoured only when the service was
+/// started with `--allow-faults`, and aborts only in a build with idem's
+/// `faults` feature.
+///
+/// `#[idempotent(http)]` owns the claim and the commit, so the points are
+/// reached from both sides of it: [`layer`] reads the header into a
+/// [`Faults`] plan the handler extracts; the handler's body calls
+/// [`Faults::at`] right after the claim and after the business write; and
+/// [`layer`] aborts at `after-commit` once the handler has answered, if its
+/// body ran and the answer is one the macro stored (below 500), i.e. the
+/// commit happened and the answer has not been sent.
+mod fault {
+    use std::convert::Infallible;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+
+    use axum::extract::{FromRequestParts, Request, State};
+    use axum::http::request::Parts;
+    use axum::middleware::Next;
+    use axum::response::Response;
+    pub use idem::faults::FaultPoint;
+
+    /// The fault point a request asked for, if faults are allowed.
+    #[derive(Clone, Default)]
+    pub struct Faults {
+        armed: Option<FaultPoint>,
+        body_ran: Arc<AtomicBool>,
+    }
+
+    impl Faults {
+        /// Aborts the process if this request armed `here`.
+        pub fn at(&self, here: FaultPoint) {
+            idem::faults::abort_at(self.armed, here)
+        }
+
+        /// Records that the handler's body ran (not a replay, not a refusal).
+        pub fn ran_body(&self) {
+            self.body_ran.store(true, Ordering::SeqCst);
+        }
+    }
+
+    impl<S: Send + Sync> FromRequestParts<S> for Faults {
+        type Rejection = Infallible;
+
+        async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Infallible> {
+            Ok(parts
+                .extensions
+                .get::<Faults>()
+                .cloned()
+                .unwrap_or_default())
+        }
+    }
+
+    /// Reads `X-Idem-Fault` (when `allowed`), and aborts after the commit
+    /// when `after-commit` was asked for.
+    pub async fn layer(State(allowed): State<bool>, mut request: Request, next: Next) -> Response {
+        let armed = if allowed {
+            request
+                .headers()
+                .get("x-idem-fault")
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.parse().ok())
+        } else {
+            None
+        };
+        let faults = Faults {
+            armed,
+            body_ran: Arc::default(),
+        };
+        request.extensions_mut().insert(faults.clone());
+        let response = next.run(request).await;
+        if faults.body_ran.load(Ordering::SeqCst) && response.status().as_u16() < 500 {
+            faults.at(FaultPoint::AfterCommit);
+        }
+        response
+    }
+}
+
+/// Whether this build can inject faults.
+pub const FAULTS_COMPILED: bool = idem::faults::ENABLED;

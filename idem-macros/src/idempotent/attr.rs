@@ -1,0 +1,180 @@
+//! Parsing `#[idempotent(...)]`'s arguments.
+
+use proc_macro2::Span;
+use syn::ext::IdentExt;
+use syn::parse::{Parse, ParseStream};
+use syn::{bracketed, Ident, LitStr, Path, Token};
+
+use crate::errors::{check_step_name, parse_millis};
+
+const EXPECTED: &str = "expected one of `scope`, `step`, `retain`, `lock_ttl`, `wait`, `timeout`, `fail_open`, `durable`, `http`";
+
+/// What the step argument names.
+pub(crate) enum StepArg {
+    /// `step = "charge-card.v1"`.
+    Literal(LitStr),
+    /// `step = steps::CHARGE_CARD`, a constant declared with `steps!`.
+    Path(Path),
+}
+
+/// A duration argument: its value and the literal, for spans.
+pub(crate) struct DurationArg {
+    pub(crate) millis: u64,
+}
+
+/// The parsed arguments.
+#[derive(Default)]
+pub(crate) struct Args {
+    /// The parameter names forming the scope, outermost first.
+    pub(crate) scope: Option<Vec<LitStr>>,
+    pub(crate) step: Option<StepArg>,
+    pub(crate) retain: Option<DurationArg>,
+    pub(crate) lock_ttl: Option<DurationArg>,
+    pub(crate) wait: Option<DurationArg>,
+    pub(crate) timeout: Option<DurationArg>,
+    pub(crate) fail_open: bool,
+    pub(crate) durable: bool,
+    pub(crate) http: bool,
+    /// Problems found while parsing that do not stop it (reported together).
+    pub(crate) errors: Vec<syn::Error>,
+}
+
+impl Args {
+    /// Whether any argument changes the engine's default policy.
+    pub(crate) fn overrides_policy(&self) -> bool {
+        self.retain.is_some()
+            || self.lock_ttl.is_some()
+            || self.wait.is_some()
+            || self.timeout.is_some()
+            || self.fail_open
+            || self.durable
+    }
+}
+
+impl Parse for Args {
+    fn parse(input: ParseStream<'_>) -> syn::Result<Self> {
+        let mut args = Args::default();
+        let mut seen: Vec<String> = Vec::new();
+        while !input.is_empty() {
+            let name = Ident::parse_any(input)?;
+            let key = name.to_string();
+            if seen.contains(&key) {
+                args.errors.push(syn::Error::new(
+                    name.span(),
+                    format!("`{key}` is given twice; give each argument once"),
+                ));
+            }
+            seen.push(key.clone());
+            match key.as_str() {
+                "scope" => {
+                    input.parse::<Token![=]>()?;
+                    args.scope = Some(parse_scope(input)?);
+                }
+                "step" => {
+                    input.parse::<Token![=]>()?;
+                    args.step = Some(parse_step(input, &mut args.errors)?);
+                }
+                "retain" => args.retain = Some(parse_duration(input, &mut args.errors)?),
+                "lock_ttl" => args.lock_ttl = Some(parse_duration(input, &mut args.errors)?),
+                "wait" => args.wait = Some(parse_duration(input, &mut args.errors)?),
+                "timeout" => args.timeout = Some(parse_duration(input, &mut args.errors)?),
+                "fail_open" => args.fail_open = flag(input, &name)?,
+                "durable" => args.durable = flag(input, &name)?,
+                "http" => args.http = flag(input, &name)?,
+                _ => {
+                    args.errors.push(syn::Error::new(
+                        name.span(),
+                        format!("unknown argument `{key}`; {EXPECTED}"),
+                    ));
+                    // Skip its value, if any, so the remaining arguments are still checked.
+                    if input.peek(Token![=]) {
+                        input.parse::<Token![=]>()?;
+                        input.parse::<syn::Expr>()?;
+                    }
+                }
+            }
+            if input.is_empty() {
+                break;
+            }
+            input.parse::<Token![,]>()?;
+        }
+        Ok(args)
+    }
+}
+
+fn parse_scope(input: ParseStream<'_>) -> syn::Result<Vec<LitStr>> {
+    if input.peek(syn::token::Bracket) {
+        let content;
+        bracketed!(content in input);
+        let names = content.parse_terminated(|p| p.parse::<LitStr>(), Token![,])?;
+        if names.is_empty() {
+            return Err(content.error("`scope` needs at least one parameter name, e.g. `scope = [\"tenant_id\", \"caller\"]`"));
+        }
+        Ok(names.into_iter().collect())
+    } else if input.peek(LitStr) {
+        Ok(vec![input.parse()?])
+    } else {
+        Err(input.error("`scope` takes a parameter name as a string, e.g. `scope = \"tenant_id\"`, or several: `scope = [\"tenant_id\", \"caller\"]`"))
+    }
+}
+
+fn parse_step(input: ParseStream<'_>, errors: &mut Vec<syn::Error>) -> syn::Result<StepArg> {
+    if input.peek(LitStr) {
+        let literal: LitStr = input.parse()?;
+        if let Err(why) = check_step_name(&literal.value()) {
+            errors.push(syn::Error::new(
+                literal.span(),
+                format!("step name `{}` {why}", literal.value()),
+            ));
+        }
+        Ok(StepArg::Literal(literal))
+    } else if input.peek(Ident)
+        || input.peek(Token![::])
+        || input.peek(Token![crate])
+        || input.peek(Token![self])
+        || input.peek(Token![super])
+    {
+        Ok(StepArg::Path(input.parse()?))
+    } else {
+        Err(input.error("`step` takes a step name, e.g. `step = \"charge-card.v1\"`, or a constant declared with `idem::steps!`"))
+    }
+}
+
+fn parse_duration(
+    input: ParseStream<'_>,
+    errors: &mut Vec<syn::Error>,
+) -> syn::Result<DurationArg> {
+    input.parse::<Token![=]>()?;
+    let literal: LitStr = input.parse().map_err(|e| {
+        syn::Error::new(
+            e.span(),
+            "expected a duration such as \"24h\", \"30s\" or \"500ms\"",
+        )
+    })?;
+    let millis = parse_millis(&literal.value()).unwrap_or_else(|| {
+        errors.push(syn::Error::new(
+            literal.span(),
+            format!("`{}` is not a duration; write a number and a unit: `ms`, `s`, `m`, `h` or `d`, e.g. \"24h\"", literal.value()),
+        ));
+        0
+    });
+    Ok(DurationArg { millis })
+}
+
+fn flag(input: ParseStream<'_>, name: &Ident) -> syn::Result<bool> {
+    if input.peek(Token![=]) {
+        return Err(syn::Error::new(
+            name.span(),
+            format!("`{name}` is a flag and takes no value; write just `{name}`"),
+        ));
+    }
+    Ok(true)
+}
+
+/// The span to blame for a missing argument: the attribute itself.
+pub(crate) fn missing(what: &str, example: &str) -> syn::Error {
+    syn::Error::new(
+        Span::call_site(),
+        format!("`#[idempotent]` needs `{what}`, e.g. `#[idempotent({example})]`"),
+    )
+}

@@ -1,0 +1,326 @@
+//! Generating the wrapper around the annotated function.
+//!
+//! The signature keeps every parameter but one: the transaction parameter
+//! (`tx: &mut SqliteConnection`) becomes the engine (`engine: &Engine<Sqlite>`,
+//! or `engine: Engine<Sqlite>` as an axum extractor). The body is re-emitted as
+//! written inside `async move`, spanned on the user's block, so errors in it
+//! still point at the user's lines and `?`/`return` keep their meaning.
+
+use proc_macro2::{Ident, Span, TokenStream};
+use quote::{quote, quote_spanned, ToTokens};
+use syn::spanned::Spanned;
+use syn::{FnArg, GenericArgument, PathArguments, ReturnType, Type};
+
+use super::attr::{Args, StepArg};
+use super::params::{peel, type_span, Analysis};
+
+pub(crate) fn wrapper(args: &Args, function: &syn::ItemFn, analysis: Analysis) -> TokenStream {
+    let syn::ItemFn {
+        attrs,
+        vis,
+        sig,
+        block,
+    } = function;
+    let fn_name = sig.ident.to_string();
+    let engine = Ident::new("engine", Span::mixed_site());
+    let guard = Ident::new("__idem_guard", Span::mixed_site());
+    let op = Ident::new("__idem_op", Span::mixed_site());
+    let step = Ident::new("__idem_step", Span::mixed_site());
+    let value = Ident::new("__idem_value", Span::mixed_site());
+    let result = Ident::new("__idem_result", Span::mixed_site());
+    let fingerprint = Ident::new("__idem_fingerprint", Span::mixed_site());
+    let key = Ident::new("__idem_key", Span::mixed_site());
+
+    let tx = analysis.params[analysis.tx]
+        .as_ref()
+        .expect("the transaction is a typed parameter");
+    let database = database_of(&tx.ty);
+    let engine_ty = if args.http {
+        quote!(::idem::Engine<#database>)
+    } else {
+        quote!(&::idem::Engine<#database>)
+    };
+
+    // The wrapper's parameters: the originals, the transaction swapped for the engine.
+    let inputs = sig.inputs.iter().enumerate().map(|(index, input)| {
+        match (input, &analysis.params[index]) {
+            (FnArg::Typed(typed), Some(param)) if index == analysis.tx => {
+                let attrs = &typed.attrs;
+                let _ = param;
+                quote!(#(#attrs)* #engine: #engine_ty)
+            }
+            (FnArg::Typed(typed), Some(param)) => {
+                let attrs = &typed.attrs;
+                let ty = &param.ty;
+                if param.destructure {
+                    let name = &param.name;
+                    quote!(#(#attrs)* #name: #ty)
+                } else {
+                    let pat = &param.pat;
+                    quote!(#(#attrs)* #pat: #ty)
+                }
+            }
+            (receiver, _) => receiver.to_token_stream(),
+        }
+    });
+
+    let user_ret: Type = match &sig.output {
+        ReturnType::Default => syn::parse_quote!(()),
+        ReturnType::Type(_, ty) => (**ty).clone(),
+    };
+    let ret_span = type_span(&user_ret);
+    let output = if args.http {
+        quote!(::idem::__private::axum::response::Response)
+    } else {
+        quote!(::idem::__private::core::result::Result<::idem::Completed<#user_ret>, ::idem::IdemError>)
+    };
+
+    // The step: a checked literal, or a declared `Step` constant.
+    let step_expr = match args.step.as_ref().expect("checked") {
+        StepArg::Literal(literal) => literal.to_token_stream(),
+        StepArg::Path(path) => quote_spanned!(path.span()=> ::idem::__private::step_name(#path)),
+    };
+    let registration = quote! {
+        ::idem::__private::inventory::submit! {
+            ::idem::__private::StepUse::new(
+                #step_expr,
+                ::idem::__private::Location {
+                    item: ::idem::__private::core::concat!(::idem::__private::core::module_path!(), "::", #fn_name),
+                    file: ::idem::__private::core::file!(),
+                    line: ::idem::__private::core::line!(),
+                },
+            )
+        }
+    };
+
+    // Compile-time checks, each spanned on the type it is about.
+    let request = analysis.params[analysis.request]
+        .as_ref()
+        .expect("the request is a typed parameter");
+    // Storability: serde's own diagnostics (naming the type and the derive),
+    // spanned on the success type; the engine calls below share that span.
+    let mut checks = TokenStream::new();
+    let success_span = result_success(&user_ret).map_or(ret_span, type_span);
+    if !args.http && !mentions_impl(&user_ret) {
+        if let Some(success) = result_success(&user_ret) {
+            checks.extend(quote_spanned!(success_span=> let _ = ::idem::__private::assert_storable::<#success>;));
+        }
+    }
+    // The fingerprint call is spanned on the request type, so a type without
+    // `Fingerprint` gets one error, there, naming it and the derive.
+    let fingerprint_fn = if mentions_impl(&request.ty) {
+        quote!(::idem::__private::fingerprint)
+    } else {
+        let ty = &request.ty;
+        quote_spanned!(type_span(ty)=> ::idem::__private::fingerprint::<#ty>)
+    };
+    let request_name = &request.name;
+    let key_name = &analysis.params[analysis.key]
+        .as_ref()
+        .expect("the key is a typed parameter")
+        .name;
+    let destructure = analysis
+        .params
+        .iter()
+        .flatten()
+        .filter(|p| p.destructure)
+        .map(|p| {
+            let (pat, name) = (&p.pat, &p.name);
+            quote!(let #pat = #name;)
+        });
+    let scope = &analysis.scope;
+
+    let policy = args.overrides_policy().then(|| {
+        let duration =
+            |millis: u64| quote!(::idem::__private::core::time::Duration::from_millis(#millis));
+        let mut sets = TokenStream::new();
+        if let Some(retain) = &args.retain {
+            let d = duration(retain.millis);
+            sets.extend(quote!(policy.retention = #d;));
+        }
+        if let Some(lock_ttl) = &args.lock_ttl {
+            let d = duration(lock_ttl.millis);
+            sets.extend(quote!(policy.lock_ttl = #d;));
+        }
+        if let Some(wait) = &args.wait {
+            let d = duration(wait.millis);
+            sets.extend(quote!(policy.wait_timeout = #d;));
+        }
+        if let Some(timeout) = &args.timeout {
+            let d = duration(timeout.millis);
+            sets.extend(
+                quote!(policy.work_timeout = ::idem::__private::core::option::Option::Some(#d);),
+            );
+        }
+        if args.fail_open {
+            sets.extend(quote!(policy.failure_mode = ::idem::__private::FailureMode::Open;));
+        }
+        if args.durable {
+            sets.extend(quote!(policy.claim_mode = ::idem::__private::ClaimMode::Durable;));
+        }
+        let engine_ref = if args.http {
+            quote!(&#engine)
+        } else {
+            quote!(#engine)
+        };
+        quote! {
+            let #op = #op.policy({
+                let mut policy = *::idem::Engine::policy(#engine_ref);
+                #sets
+                policy
+            });
+        }
+    });
+
+    let tx_pat = &tx.pat;
+    let tx_ty = &tx.ty;
+    let body = if mentions_impl(&user_ret) {
+        quote_spanned!(block.span()=> async move #block)
+    } else {
+        quote_spanned!(block.span()=> ::idem::__private::body::<#user_ret, _>(async move #block))
+    };
+    let engine_ref = if args.http {
+        quote!(&#engine)
+    } else {
+        quote!(#engine)
+    };
+
+    let (complete, replay) = if args.http {
+        (
+            quote! {
+                let #value = ::idem::__private::axum::response::IntoResponse::into_response(#value);
+                #guard.complete(::idem::__private::http::into_stored(#value).await).await
+            },
+            quote!(::idem::__private::replayed::<::idem::StoredResponse>(
+                stored
+            )),
+        )
+    } else {
+        (
+            quote_spanned!(success_span=> #guard.complete(#value).await),
+            quote_spanned!(success_span=> ::idem::__private::replayed::<#user_ret>(stored)),
+        )
+    };
+    let run = quote! {
+        match ::idem::Engine::claim(#engine_ref, &#op).await {
+            ::idem::__private::core::result::Result::Err(error) => ::idem::__private::core::result::Result::Err(error),
+            ::idem::__private::core::result::Result::Ok(::idem::__private::Claim::Replay(stored)) => #replay,
+            ::idem::__private::core::result::Result::Ok(::idem::__private::Claim::Execute(mut #guard)) => {
+                let #value = {
+                    let limit = #guard.work_timeout();
+                    let #tx_pat: #tx_ty = #guard.connection();
+                    ::idem::__private::within(limit, #body).await
+                };
+                match #value {
+                    ::idem::__private::core::option::Option::Some(#value) => { #complete }
+                    ::idem::__private::core::option::Option::None => ::idem::__private::timed_out(#guard).await,
+                }
+            }
+        }
+    };
+    let finish = if args.http {
+        quote! {
+            let #result = #run;
+            ::idem::__private::http::respond(#result)
+        }
+    } else {
+        run
+    };
+
+    let syn::Signature {
+        constness,
+        unsafety,
+        abi,
+        ident,
+        generics,
+        ..
+    } = sig;
+    let where_clause = &generics.where_clause;
+    quote! {
+        #(#attrs)*
+        #vis #constness async #unsafety #abi fn #ident #generics(#(#inputs),*) -> #output #where_clause {
+            #registration
+            #checks
+            let #step: &'static str = #step_expr;
+            let #fingerprint = #fingerprint_fn(#step, &#request_name);
+            let #key = ::idem::__private::key(&#key_name);
+            #(#destructure)*
+            let #op = ::idem::__private::Operation::with_fingerprint(
+                ::idem::__private::scope(&[#(&#scope),*]),
+                #key,
+                #step,
+                #fingerprint,
+            );
+            #policy
+            #finish
+        }
+    }
+}
+
+/// The database of the engine that replaces a `&mut <Connection>` parameter.
+fn database_of(ty: &Type) -> TokenStream {
+    let Type::Reference(reference) = peel(ty) else {
+        unreachable!("checked: a `&mut` connection")
+    };
+    if let Type::Path(path) = peel(&reference.elem) {
+        // `DB::Connection` or `<DB as Database>::Connection`: the engine is `Engine<DB>`.
+        if path
+            .path
+            .segments
+            .last()
+            .is_some_and(|s| s.ident == "Connection")
+        {
+            if let Some(qself) = &path.qself {
+                return qself.ty.to_token_stream();
+            }
+            if path.path.segments.len() == 2 && path.path.leading_colon.is_none() {
+                return path.path.segments[0].to_token_stream();
+            }
+        }
+    }
+    let connection = &reference.elem;
+    // The two backends by name, so the documented signature reads `Engine<Sqlite>`.
+    if let Type::Path(path) = peel(connection) {
+        match path
+            .path
+            .segments
+            .last()
+            .map(|s| s.ident.to_string())
+            .as_deref()
+        {
+            Some("SqliteConnection") => {
+                return quote_spanned!(connection.span()=> ::idem::__private::sqlx::Sqlite)
+            }
+            Some("PgConnection") => {
+                return quote_spanned!(connection.span()=> ::idem::__private::sqlx::Postgres)
+            }
+            _ => {}
+        }
+    }
+    quote_spanned!(connection.span()=> <#connection as ::idem::__private::ClaimConnection>::Database)
+}
+
+/// `T` in `Result<T, E>`, when the return type is spelled that way.
+fn result_success(ty: &Type) -> Option<&Type> {
+    let Type::Path(path) = peel(ty) else {
+        return None;
+    };
+    let last = path.path.segments.last()?;
+    if last.ident != "Result" {
+        return None;
+    }
+    let PathArguments::AngleBracketed(args) = &last.arguments else {
+        return None;
+    };
+    match args.args.first()? {
+        GenericArgument::Type(success) => Some(success),
+        _ => None,
+    }
+}
+
+/// Whether a type contains `impl Trait`, which cannot be named in a turbofish.
+fn mentions_impl(ty: &Type) -> bool {
+    ty.to_token_stream()
+        .into_iter()
+        .any(|token| matches!(token, proc_macro2::TokenTree::Ident(ident) if ident == "impl"))
+}

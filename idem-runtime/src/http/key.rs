@@ -1,0 +1,196 @@
+//! The `Idempotency-Key` header: parsing and the extractor.
+
+use axum::extract::{FromRequestParts, OptionalFromRequestParts};
+use axum::http::request::Parts;
+use axum::http::HeaderValue;
+use axum::response::{IntoResponse, Response};
+
+use super::problem::{types, ProblemDetails};
+use super::trace::record_rejected;
+use crate::key::{IdempotencyKey, KeyError};
+
+/// The header's name, lowercase as HTTP/2 sends it.
+pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
+
+/// Why a request's `Idempotency-Key` was refused: always a 400 with a problem body.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum KeyRejection {
+    /// The route requires a key and none was sent.
+    #[error("this request needs an Idempotency-Key header; generate a unique value (e.g. a UUID) for this operation and send it with every retry")]
+    Missing,
+    /// The header was sent more than once.
+    #[error("the Idempotency-Key header was sent more than once; send exactly one")]
+    Repeated,
+    /// The value is neither a valid structured-field string nor a valid bare key.
+    #[error("malformed Idempotency-Key header: {0}")]
+    Malformed(String),
+}
+
+impl From<KeyError> for KeyRejection {
+    fn from(error: KeyError) -> Self {
+        KeyRejection::Malformed(error.to_string())
+    }
+}
+
+impl IntoResponse for KeyRejection {
+    fn into_response(self) -> Response {
+        record_rejected();
+        let (type_, title) = match self {
+            KeyRejection::Missing => (types::KEY_MISSING, "Idempotency-Key header missing"),
+            KeyRejection::Repeated | KeyRejection::Malformed(_) => {
+                (types::KEY_MALFORMED, "Idempotency-Key header malformed")
+            }
+        };
+        ProblemDetails::new(400, title)
+            .with_type(type_)
+            .with_detail(self.to_string())
+            .into_response()
+    }
+}
+
+/// Parses one `Idempotency-Key` header value.
+///
+/// Accepts the draft's structured-field string (`"abc"`, with `\"` and `\\`
+/// escapes, parameters after it ignored) and the bare value Stripe-style
+/// clients send (`abc`). Either way the key must be 1 to 255 visible ASCII
+/// characters.
+///
+/// ```
+/// use axum::http::HeaderValue;
+/// use idem_runtime::http::parse_header_value;
+///
+/// let quoted = parse_header_value(&HeaderValue::from_static("\"8e03978e-40d5-43e8-bc93-6894a57f9324\"")).unwrap();
+/// let bare = parse_header_value(&HeaderValue::from_static("8e03978e-40d5-43e8-bc93-6894a57f9324")).unwrap();
+/// assert_eq!(quoted, bare);
+/// assert!(parse_header_value(&HeaderValue::from_static("\"unterminated")).is_err());
+/// assert!(parse_header_value(&HeaderValue::from_static("\"\"")).is_err());
+/// ```
+pub fn parse_header_value(value: &HeaderValue) -> Result<IdempotencyKey, KeyRejection> {
+    let text = value
+        .to_str()
+        .map_err(|_| KeyRejection::Malformed("the value holds non-ASCII bytes; only visible ASCII characters ('!' to '~') are allowed".into()))?;
+    let text = text.trim_matches([' ', '\t']);
+    match text.strip_prefix('"') {
+        Some(rest) => Ok(IdempotencyKey::new(parse_sf_string(rest)?)?),
+        None => Ok(IdempotencyKey::new(text)?),
+    }
+}
+
+/// Parses the rest of an RFC 8941 string after its opening quote.
+fn parse_sf_string(rest: &str) -> Result<String, KeyRejection> {
+    let mut out = String::with_capacity(rest.len());
+    let mut chars = rest.char_indices();
+    while let Some((at, c)) = chars.next() {
+        match c {
+            '\\' => match chars.next() {
+                Some((_, escaped @ ('"' | '\\'))) => out.push(escaped),
+                _ => {
+                    return Err(malformed(
+                        "a backslash in a quoted key may only escape '\"' or '\\'",
+                    ))
+                }
+            },
+            '"' => {
+                let params = &rest[at + 1..];
+                if params.is_empty() || params.starts_with(';') {
+                    return Ok(out);
+                }
+                return Err(malformed("unexpected characters after the closing quote"));
+            }
+            ' '..='~' => out.push(c),
+            _ => {
+                return Err(malformed(
+                    "a quoted key may hold only printable ASCII characters",
+                ))
+            }
+        }
+    }
+    Err(malformed("the quoted key has no closing quote"))
+}
+
+fn malformed(what: &str) -> KeyRejection {
+    KeyRejection::Malformed(format!("{what}; send the key as a structured-field string (\"...\") or a bare value of 1 to 255 visible ASCII characters"))
+}
+
+fn from_parts(parts: &Parts) -> Result<Option<IdempotencyKey>, KeyRejection> {
+    let mut values = parts.headers.get_all(IDEMPOTENCY_KEY).iter();
+    let Some(value) = values.next() else {
+        return Ok(None);
+    };
+    if values.next().is_some() {
+        return Err(KeyRejection::Repeated);
+    }
+    parse_header_value(value).map(Some)
+}
+
+/// Extracts the `Idempotency-Key` header; 400 problem details when it is
+/// missing or malformed.
+///
+/// ```
+/// use idem_runtime::IdempotencyKey;
+///
+/// async fn handler(key: IdempotencyKey) -> String {
+///     format!("key tag {}", key.log_tag())
+/// }
+/// let _app: axum::Router = axum::Router::new().route("/", axum::routing::post(handler));
+/// ```
+impl<S: Send + Sync> FromRequestParts<S> for IdempotencyKey {
+    type Rejection = KeyRejection;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
+        from_parts(parts)?.ok_or(KeyRejection::Missing)
+    }
+}
+
+/// `Option<IdempotencyKey>`: `None` when the header is absent, still 400 when
+/// it is malformed.
+impl<S: Send + Sync> OptionalFromRequestParts<S> for IdempotencyKey {
+    type Rejection = KeyRejection;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        _state: &S,
+    ) -> Result<Option<Self>, Self::Rejection> {
+        from_parts(parts)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(value: &[u8]) -> Result<String, KeyRejection> {
+        parse_header_value(&HeaderValue::from_bytes(value).unwrap()).map(|k| k.as_str().to_owned())
+    }
+
+    #[test]
+    fn structured_field_strings() {
+        assert_eq!(parse(br#""abc""#).unwrap(), "abc");
+        assert_eq!(parse(br#""a\"b\\c""#).unwrap(), r#"a"b\c"#);
+        assert_eq!(parse(br#""abc";v=1"#).unwrap(), "abc");
+        assert_eq!(parse(br#"  "abc"  "#).unwrap(), "abc");
+        assert!(
+            parse(br#""a b""#).is_err(),
+            "spaces are not visible characters"
+        );
+        assert!(parse(br#""a\nb""#).is_err());
+        assert!(parse(br#""abc"x"#).is_err());
+        assert!(parse(br#""abc"#).is_err());
+        assert!(parse(br#""""#).is_err());
+        assert!(parse(format!("\"{}\"", "k".repeat(256)).as_bytes()).is_err());
+        assert_eq!(
+            parse(format!("\"{}\"", "k".repeat(255)).as_bytes())
+                .unwrap()
+                .len(),
+            255
+        );
+    }
+
+    #[test]
+    fn bare_values() {
+        assert_eq!(parse(b"order-8812").unwrap(), "order-8812");
+        assert!(parse(b"has space").is_err());
+        assert!(parse(b"caf\xc3\xa9").is_err());
+        assert!(parse("k".repeat(256).as_bytes()).is_err());
+    }
+}

@@ -1,0 +1,200 @@
+//! Shared test harness: a real store per test (a temp SQLite file, or a fresh
+//! database on the throwaway Postgres server), a `payments` business table,
+//! and a child-process entry point for crash tests.
+#![allow(dead_code)]
+
+use std::process::{Command, ExitStatus};
+
+use idem_runtime::test_support;
+use idem_runtime::{Backend, Engine, IdempotencyKey, Operation, Policy, Problem, Scope};
+use sqlx::{Pool, Postgres, Sqlite};
+
+/// What each test gets: an engine on its own store.
+pub struct Harness<DB: TestBackend> {
+    pub engine: Engine<DB>,
+    pub url: String,
+    _dir: Option<tempfile::TempDir>,
+}
+
+/// The per-backend pieces of the harness.
+pub trait TestBackend: Backend {
+    /// The module name the engine plan's tests live under.
+    const MODULE: &'static str;
+    fn pool(url: &str, policy: &Policy) -> impl std::future::Future<Output = Pool<Self>> + Send;
+    fn insert_payment<'c>(
+        conn: &'c mut Self::Connection,
+        tenant: &'c str,
+        amount: i64,
+    ) -> impl std::future::Future<Output = Result<(), sqlx::Error>> + Send + 'c;
+    fn count(pool: &Pool<Self>, sql: &'static str)
+        -> impl std::future::Future<Output = i64> + Send;
+    fn execute(
+        pool: &Pool<Self>,
+        sql: &'static str,
+    ) -> impl std::future::Future<Output = ()> + Send;
+}
+
+macro_rules! test_backend {
+    ($db:ty, $module:literal, $pool:expr) => {
+        impl TestBackend for $db {
+            const MODULE: &'static str = $module;
+            async fn pool(url: &str, policy: &Policy) -> Pool<Self> {
+                let connect = $pool;
+                connect(url, policy).await
+            }
+            async fn insert_payment<'c>(
+                conn: &'c mut Self::Connection,
+                tenant: &'c str,
+                amount: i64,
+            ) -> Result<(), sqlx::Error> {
+                sqlx::query("INSERT INTO payments (tenant, amount) VALUES ($1, $2)")
+                    .bind(tenant)
+                    .bind(amount)
+                    .execute(conn)
+                    .await
+                    .map(drop)
+            }
+            async fn count(pool: &Pool<Self>, sql: &'static str) -> i64 {
+                sqlx::query_scalar::<_, i64>(sql)
+                    .fetch_one(pool)
+                    .await
+                    .expect(sql)
+            }
+            async fn execute(pool: &Pool<Self>, sql: &'static str) {
+                sqlx::query(sql).execute(pool).await.expect(sql);
+            }
+        }
+    };
+}
+
+test_backend!(Sqlite, "sqlite", |url: &str, policy: &Policy| {
+    let url = url.to_owned();
+    let policy = *policy;
+    async move {
+        idem_runtime::store::sqlite::connect(&url, &policy, 8)
+            .await
+            .expect("open sqlite")
+    }
+});
+test_backend!(Postgres, "postgres", |url: &str, policy: &Policy| {
+    let url = url.to_owned();
+    let policy = *policy;
+    async move {
+        idem_runtime::store::postgres::connect(&url, &policy, 8)
+            .await
+            .expect("connect postgres")
+    }
+});
+
+const CREATE_PAYMENTS: &str =
+    "CREATE TABLE IF NOT EXISTS payments (tenant TEXT NOT NULL, amount BIGINT NOT NULL)";
+
+async fn harness<DB: TestBackend>(
+    url: String,
+    dir: Option<tempfile::TempDir>,
+    policy: Policy,
+) -> Harness<DB>
+where
+    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
+    DB::Connection: sqlx::migrate::Migrate,
+{
+    let engine = Engine::new(DB::pool(&url, &policy).await).with_policy(policy);
+    engine.migrate().await.expect("migrate");
+    DB::execute(engine.pool(), CREATE_PAYMENTS).await;
+    Harness {
+        engine,
+        url,
+        _dir: dir,
+    }
+}
+
+/// A harness on a fresh SQLite file.
+pub async fn sqlite(policy: Policy) -> Harness<Sqlite> {
+    let (dir, path) = test_support::sqlite_file();
+    harness(format!("sqlite://{}", path.display()), Some(dir), policy).await
+}
+
+/// A harness on a fresh database of the test Postgres server.
+pub async fn postgres(policy: Policy) -> Harness<Postgres> {
+    let url = test_support::postgres().fresh_database().await;
+    harness(url, None, policy).await
+}
+
+impl<DB: TestBackend> Harness<DB> {
+    /// Rows in the business table: the side effects.
+    pub async fn payments(&self) -> i64 {
+        DB::count(self.engine.pool(), "SELECT COUNT(*) FROM payments").await
+    }
+
+    /// Rows in the key table.
+    pub async fn records(&self) -> i64 {
+        DB::count(self.engine.pool(), "SELECT COUNT(*) FROM idempotency_keys").await
+    }
+
+    /// Makes every claim fail as if the store were down, while business
+    /// tables stay writable.
+    pub async fn break_key_table(&self) {
+        DB::execute(
+            self.engine.pool(),
+            "ALTER TABLE idempotency_keys RENAME TO idempotency_keys_gone",
+        )
+        .await;
+    }
+
+    /// Runs one charge in a child process that aborts at `mode`
+    /// (`before-commit` or `after-commit`), and returns how it exited.
+    pub fn run_child(&self, mode: &str, tenant: &str, key: &str, amount: i64) -> ExitStatus {
+        let exe = std::env::current_exe().expect("test binary");
+        Command::new(exe)
+            .args([
+                "--exact",
+                &format!("{}::child_process_entry", DB::MODULE),
+                "--include-ignored",
+                "--nocapture",
+            ])
+            .env("IDEM_CHILD_MODE", mode)
+            .env("IDEM_CHILD_URL", &self.url)
+            .env("IDEM_CHILD_TENANT", tenant)
+            .env("IDEM_CHILD_KEY", key)
+            .env("IDEM_CHILD_AMOUNT", amount.to_string())
+            .status()
+            .expect("spawn child")
+    }
+}
+
+/// The child side of [`Harness::run_child`]: charges once, aborting where told.
+/// Does nothing unless started by `run_child`.
+pub async fn child_entry<DB: TestBackend>() {
+    let Ok(mode) = std::env::var("IDEM_CHILD_MODE") else {
+        return;
+    };
+    let var = |name: &str| std::env::var(name).unwrap_or_else(|_| panic!("{name} not set"));
+    let (url, tenant, key) = (
+        var("IDEM_CHILD_URL"),
+        var("IDEM_CHILD_TENANT"),
+        var("IDEM_CHILD_KEY"),
+    );
+    let amount: i64 = var("IDEM_CHILD_AMOUNT").parse().expect("amount");
+    let engine = Engine::new(DB::pool(&url, &Policy::default()).await);
+    let op = Operation::new(
+        Scope::tenant(&tenant),
+        IdempotencyKey::new(key).expect("key"),
+        "charge-card.v1",
+        &amount,
+    );
+    let abort_before_commit = mode == "before-commit";
+    let scope = op.scope().to_string();
+    let done = engine
+        .run(&op, async move |tx| {
+            DB::insert_payment(tx, &scope, amount).await?;
+            if abort_before_commit {
+                std::process::abort();
+            }
+            Ok::<i64, Problem>(amount)
+        })
+        .await
+        .expect("child charge");
+    assert!(done.value.is_ok());
+    // Committed; the response is never sent.
+    std::process::abort();
+}

@@ -1,0 +1,15 @@
+use idem::sqlx::SqliteConnection;
+use idem::{idempotent, Fingerprint, IdempotencyKey, Problem};
+
+#[derive(Fingerprint)]
+struct Charge {
+    amount: i64,
+}
+
+#[idempotent(retain = "24h")]
+async fn charge(tx: &mut SqliteConnection, tenant: String, key: IdempotencyKey, #[fingerprint] req: Charge) -> Result<i64, Problem> {
+    let _ = tx;
+    Ok(req.amount)
+}
+
+fn main() {}
