@@ -6,14 +6,14 @@ use std::collections::HashMap;
 use std::hint::black_box;
 use std::time::Instant;
 
-use idem_runtime::fingerprint::{fingerprint, Fingerprint, FingerprintHasher};
+use idem_runtime::fingerprint::fingerprint;
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
 use crate::alloc::allocations;
 
 /// A typical request: 8 fields, two skipped, a 3-entry map.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, idem::Fingerprint)]
 pub struct ChargeRequest {
     amount_cents: i64,
     currency: String,
@@ -22,15 +22,17 @@ pub struct ChargeRequest {
     metadata: HashMap<String, String>,
     capture: bool,
     #[serde(skip)]
+    #[fingerprint(skip)]
     #[allow(dead_code)] // skipped: never hashed
     requested_at: u64,
     #[serde(skip)]
+    #[fingerprint(skip)]
     #[allow(dead_code)] // skipped: never hashed
     trace_id: String,
 }
 
 /// The same shape without heap-owning fields: the derive must not allocate.
-#[derive(Debug, Clone, Copy, Serialize)]
+#[derive(Debug, Clone, Copy, Serialize, idem::Fingerprint)]
 pub struct FlatChargeRequest {
     amount_cents: i64,
     currency: [u8; 3],
@@ -39,38 +41,13 @@ pub struct FlatChargeRequest {
     installments: u32,
     capture: bool,
     #[serde(skip)]
+    #[fingerprint(skip)]
     #[allow(dead_code)] // skipped: never hashed
     requested_at: u64,
     #[serde(skip)]
+    #[fingerprint(skip)]
     #[allow(dead_code)] // skipped: never hashed
     trace_id: u128,
-}
-
-// What `#[derive(Fingerprint)]` emits: fields sorted by name, skipped fields left out.
-impl Fingerprint for ChargeRequest {
-    fn fingerprint(&self, h: &mut FingerprintHasher) {
-        h.begin_struct();
-        h.write_field("amount_cents", &self.amount_cents);
-        h.write_field("capture", &self.capture);
-        h.write_field("currency", &self.currency);
-        h.write_field("customer_id", &self.customer_id);
-        h.write_field("description", &self.description);
-        h.write_field("metadata", &self.metadata);
-        h.end_struct();
-    }
-}
-
-impl Fingerprint for FlatChargeRequest {
-    fn fingerprint(&self, h: &mut FingerprintHasher) {
-        h.begin_struct();
-        h.write_field("amount_cents", &self.amount_cents);
-        h.write_field("capture", &self.capture);
-        h.write_field("currency", &self.currency);
-        h.write_field("customer_id", &self.customer_id);
-        h.write_field("description", &self.description);
-        h.write_field("installments", &self.installments);
-        h.end_struct();
-    }
 }
 
 fn typical() -> ChargeRequest {
@@ -162,7 +139,7 @@ pub fn run(iterations: u64) -> FingerprintResult {
     let req = typical();
     let flat_req = flat();
     let idem = measure(
-        "idem fingerprint (typical, 3-entry HashMap)",
+        "#[derive(Fingerprint)] (typical, 3-entry HashMap)",
         iterations,
         rounds,
         || *fingerprint("charge-card.v1", black_box(&req)).as_bytes(),
@@ -177,7 +154,7 @@ pub fn run(iterations: u64) -> FingerprintResult {
         },
     );
     let idem_flat = measure(
-        "idem fingerprint (no heap-owning fields)",
+        "#[derive(Fingerprint)] (no heap-owning fields)",
         iterations,
         rounds,
         || *fingerprint("charge-card.v1", black_box(&flat_req)).as_bytes(),

@@ -125,7 +125,7 @@ pub async fn keyed(engine: &Engine<Sqlite>, key: String, tenant: String) -> Resu
         Scope::tenant(TENANT),
         IdempotencyKey::new(key).expect("valid key"),
         STEP,
-        &REQUEST,
+        &crate::handler::Charge::new(),
     );
     let done = engine
         .run(&op, async move |tx| business(tx, &tenant).await)
@@ -230,6 +230,11 @@ impl Target for Lite {
     fn idem(&self, key: String, tenant: String) -> BoxFut<Result<Via, IdemError>> {
         let engine = self.engine.clone();
         Box::pin(async move { keyed(&engine, key, tenant).await })
+    }
+
+    fn idem_macro(&self, key: String, tenant: String) -> BoxFut<Result<Via, IdemError>> {
+        let engine = self.engine.clone();
+        Box::pin(async move { crate::handler::run_lite(&engine, key, tenant).await })
     }
 
     fn payments_for(&self, tenant: String) -> BoxFut<Result<i64, String>> {

@@ -178,16 +178,14 @@ async fn run(cfg: Config) -> Result<Report, String> {
         );
     }
 
-    let mut scenarios = vec![
+    let scenarios = vec![
         Scenario::Unprotected,
         Scenario::SameWrites,
         Scenario::SeedSql,
         Scenario::Idem,
+        Scenario::IdemMacro,
         Scenario::Replay,
     ];
-    if handler::AVAILABLE {
-        scenarios.insert(4, Scenario::IdemMacro);
-    }
     let connections = cfg
         .clients
         .iter()

@@ -131,7 +131,7 @@ pub async fn keyed(
         Scope::tenant(TENANT),
         IdempotencyKey::new(key).expect("valid key"),
         STEP,
-        &REQUEST,
+        &crate::handler::Charge::new(),
     );
     let done = engine
         .run(&op, async move |tx| business(tx, &tenant).await)
@@ -228,6 +228,11 @@ impl Target for Pg {
     fn idem(&self, key: String, tenant: String) -> BoxFut<Result<Via, IdemError>> {
         let engine = self.engine.clone();
         Box::pin(async move { keyed(&engine, key, tenant).await })
+    }
+
+    fn idem_macro(&self, key: String, tenant: String) -> BoxFut<Result<Via, IdemError>> {
+        let engine = self.engine.clone();
+        Box::pin(async move { crate::handler::run_pg(&engine, key, tenant).await })
     }
 
     fn payments_for(&self, tenant: String) -> BoxFut<Result<i64, String>> {

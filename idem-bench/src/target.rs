@@ -34,6 +34,8 @@ pub trait Target: Send + Sync + 'static {
     fn seed_sql(&self, key: String) -> BoxFut<Result<(), String>>;
     /// The same business insert through `Engine::run`, for `tenant`.
     fn idem(&self, key: String, tenant: String) -> BoxFut<Result<Via, IdemError>>;
+    /// The same through an `#[idempotent]` handler.
+    fn idem_macro(&self, key: String, tenant: String) -> BoxFut<Result<Via, IdemError>>;
     /// Payments written for `tenant` (to check a storm ran each key once).
     fn payments_for(&self, tenant: String) -> BoxFut<Result<i64, String>>;
 }

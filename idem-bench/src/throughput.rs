@@ -74,7 +74,7 @@ fn scenario_op(target: &Arc<dyn Target>, scenario: Scenario, prefix: String) -> 
             op(move |i| {
                 let key = format!("{prefix}-{i}");
                 let fut = if macro_path {
-                    crate::handler::run(&t, key)
+                    t.idem_macro(key, TENANT.to_string())
                 } else {
                     t.idem(key, TENANT.to_string())
                 };
