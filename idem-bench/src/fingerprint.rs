@@ -171,9 +171,12 @@ pub fn run(iterations: u64) -> FingerprintResult {
     // Floors: SHA-256 alone over the JSON bytes, and over fixed lengths, so a
     // reader can see how much of each figure is the hash itself.
     let json = serde_json::to_vec(&req).expect("serialize");
-    let sha_json = measure("SHA-256 alone of the typical JSON bytes (floor of the serde path)", iterations, rounds, || {
-        Sha256::digest(black_box(&json[..])).into()
-    });
+    let sha_json = measure(
+        "SHA-256 alone of the typical JSON bytes (floor of the serde path)",
+        iterations,
+        rounds,
+        || Sha256::digest(black_box(&json[..])).into(),
+    );
     let mut costs = vec![idem, serde, idem_flat, serde_flat, sha_json];
     for (name, len) in [
         ("SHA-256 alone of 55 bytes (one block)", 55usize),
@@ -181,8 +184,14 @@ pub fn run(iterations: u64) -> FingerprintResult {
         ("SHA-256 alone of 311 bytes (five blocks)", 311),
     ] {
         let bytes = vec![0x5au8; len];
-        costs.push(measure(name, iterations, rounds, || Sha256::digest(black_box(&bytes[..])).into()));
+        costs.push(measure(name, iterations, rounds, || {
+            Sha256::digest(black_box(&bytes[..])).into()
+        }));
     }
     let speedup = costs[1].ns_per_call / costs[0].ns_per_call;
-    FingerprintResult { json_bytes: json.len(), costs, speedup }
+    FingerprintResult {
+        json_bytes: json.len(),
+        costs,
+        speedup,
+    }
 }

@@ -123,18 +123,37 @@ async fn point(
     })
 }
 
-/// Measures at each of `sizes` rows (ascending), then purges `purge_rows`
-/// expired rows while claims run, for at most `purge_limit`.
+/// What the growth scenario measures.
+#[derive(Debug, Clone)]
+pub struct GrowthPlan {
+    /// Key-table sizes to measure at, ascending.
+    pub sizes: Vec<u64>,
+    /// Expired rows to purge while claims run.
+    pub purge_rows: u64,
+    /// At most this long purging.
+    pub purge_limit: Duration,
+    /// Concurrent clients.
+    pub clients: usize,
+    /// Operations per measurement.
+    pub ops: u64,
+}
+
+/// Measures at each of `plan.sizes` rows, then purges `plan.purge_rows`
+/// expired rows while claims run, for at most `plan.purge_limit`.
 pub async fn run(
     pg: &Pg,
-    sizes: &[u64],
-    purge_rows: u64,
-    clients: usize,
-    ops: u64,
+    plan: &GrowthPlan,
     rounds: usize,
-    purge_limit: Duration,
     run_id: &str,
 ) -> Result<GrowthResult, String> {
+    let GrowthPlan {
+        sizes,
+        purge_rows,
+        purge_limit,
+        clients,
+        ops,
+    } = plan.clone();
+    let sizes = &sizes[..];
     let mut points = Vec::new();
     let mut filled = 0;
     for &rows in sizes {

@@ -26,7 +26,10 @@ pub struct Charge {
 impl Charge {
     /// The benchmark's request.
     pub fn new() -> Self {
-        Self { amount_cents: REQUEST.0, currency: REQUEST.1.to_string() }
+        Self {
+            amount_cents: REQUEST.0,
+            currency: REQUEST.1.to_string(),
+        }
     }
 }
 
@@ -66,13 +69,23 @@ fn via<E: std::fmt::Display>(done: idem::Completed<Result<i64, E>>) -> Via {
 }
 
 /// One keyed operation through the Postgres handler.
-pub async fn run_pg(engine: &Engine<Postgres>, key: String, tenant: String) -> Result<Via, IdemError> {
+pub async fn run_pg(
+    engine: &Engine<Postgres>,
+    key: String,
+    tenant: String,
+) -> Result<Via, IdemError> {
     let key = IdempotencyKey::new(key).expect("valid key");
     charge_pg(engine, tenant, key, Charge::new()).await.map(via)
 }
 
 /// One keyed operation through the SQLite handler.
-pub async fn run_lite(engine: &Engine<Sqlite>, key: String, tenant: String) -> Result<Via, IdemError> {
+pub async fn run_lite(
+    engine: &Engine<Sqlite>,
+    key: String,
+    tenant: String,
+) -> Result<Via, IdemError> {
     let key = IdempotencyKey::new(key).expect("valid key");
-    charge_lite(engine, tenant, key, Charge::new()).await.map(via)
+    charge_lite(engine, tenant, key, Charge::new())
+        .await
+        .map(via)
 }

@@ -14,9 +14,12 @@ const COLORS: &[(&str, &str)] = &[
     ("replay", "#3c9d5d"),
 ];
 
+/// One bar group: backend, clients, and (scenario, throughput ÷ unprotected) bars.
+type Group = (String, usize, Vec<(&'static str, f64)>);
+
 /// Draws the report's throughput cells as grouped bars.
 pub fn chart(r: &Report) -> String {
-    let groups: Vec<(String, usize, Vec<(&str, f64)>)> = r
+    let groups: Vec<Group> = r
         .backends
         .iter()
         .flat_map(|b| {
