@@ -318,16 +318,20 @@ impl<DB: Backend> Engine<DB> {
     }
 
     /// Deletes expired records in batches of `batch` (by primary key) until none
-    /// are left; returns how many went. Short batches keep claims unblocked.
+    /// are left; returns how many went. Short batches keep claims unblocked,
+    /// and a pause as long as each full batch took leaves the database at
+    /// least half its time for claims while a large backlog drains.
     pub async fn purge_expired(&self, batch: u32) -> Result<u64, sqlx::Error> {
         let batch = batch.max(1);
         let mut total = 0;
         loop {
+            let started = std::time::Instant::now();
             let deleted = DB::purge_batch(&self.pool, batch).await?;
             total += deleted;
             if deleted < u64::from(batch) {
                 return Ok(total);
             }
+            tokio::time::sleep(started.elapsed()).await;
         }
     }
 
