@@ -12,9 +12,11 @@ async fn create_order(
         ::idem::__private::core::line!(), },)
     }
     let __idem_step: &'static str = ::idem::__private::step_name(steps::CREATE_ORDER);
-    let __idem_fingerprint = ::idem::__private::fingerprint::<
-        Json<NewOrder>,
-    >(__idem_step, &__idem_arg3);
+    let __idem_fingerprint = ::idem::__private::fingerprint_with(
+        __idem_step,
+        &__idem_arg3,
+        <Json<NewOrder> as ::idem::__private::Fingerprint>::fingerprint,
+    );
     let __idem_key = ::idem::__private::key(&key);
     let Path(tenant) = __idem_arg1;
     let Json(order) = __idem_arg3;

@@ -14,11 +14,12 @@ pub async fn charge(
         "::", "charge"), file : ::idem::__private::core::file!(), line :
         ::idem::__private::core::line!(), },)
     }
-    let _ = ::idem::__private::assert_storable::<Payment>;
     let __idem_step: &'static str = "charge-card.v1";
-    let __idem_fingerprint = ::idem::__private::fingerprint::<
-        ChargeRequest,
-    >(__idem_step, &req);
+    let __idem_fingerprint = ::idem::__private::fingerprint_with(
+        __idem_step,
+        &req,
+        <ChargeRequest as ::idem::__private::Fingerprint>::fingerprint,
+    );
     let __idem_key = ::idem::__private::key(&key);
     let __idem_op = ::idem::__private::Operation::with_fingerprint(
         ::idem::__private::scope(&[&tenant_id]),
@@ -40,7 +41,7 @@ pub async fn charge(
         }
         ::idem::__private::core::result::Result::Ok(
             ::idem::__private::Claim::Replay(stored),
-        ) => ::idem::__private::replayed::<Result<Payment, ChargeError>>(stored),
+        ) => <Payment as ::idem::__private::Stores<ChargeError>>::replayed(stored),
         ::idem::__private::core::result::Result::Ok(
             ::idem::__private::Claim::Execute(mut __idem_guard),
         ) => {
@@ -61,7 +62,10 @@ pub async fn charge(
             };
             match __idem_value {
                 ::idem::__private::core::option::Option::Some(__idem_value) => {
-                    __idem_guard.complete(__idem_value).await
+                    <Payment as ::idem::__private::Stores<
+                        ChargeError,
+                    >>::complete(__idem_guard, __idem_value)
+                        .await
                 }
                 ::idem::__private::core::option::Option::None => {
                     ::idem::__private::timed_out(__idem_guard).await

@@ -79,8 +79,71 @@ pub async fn timed_out<DB: Backend, O>(guard: ClaimGuard<DB>) -> Result<Complete
     Err(IdemError::TimedOut { limit })
 }
 
-/// A compile-time check that a success value can be stored and replayed.
-pub fn assert_storable<T: serde::Serialize + serde::de::DeserializeOwned>() {}
+/// A success value that can be stored and replayed: it serializes and
+/// deserializes. Implemented for every such type.
+///
+/// The impl is `do_not_recommend`, so a type missing either half gets one
+/// error about `Storable`, not one per serde trait.
+pub trait Storable: serde::Serialize + serde::de::DeserializeOwned {}
+
+#[diagnostic::do_not_recommend]
+impl<T: serde::Serialize + serde::de::DeserializeOwned> Storable for T {}
+
+/// How the wrapper of a function returning `Result<T, E>` completes and
+/// replays it, reached as `<T as Stores<_>>::…` with the path spanned on `T`.
+///
+/// Every use names the same trait on the same span, so a success type that is
+/// not [`Storable`] gets exactly one error, there, and the error points at no
+/// line of this crate (a bound on a generic function would be quoted in a
+/// "required by a bound" note, which changes whenever this file does).
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be stored for replay: it does not implement `Serialize` and `Deserialize`",
+    label = "the success value is stored as JSON and replayed to retries",
+    note = "add `#[derive(serde::Serialize, serde::Deserialize)]` to `{Self}`"
+)]
+pub trait Stores<E>: Sized {
+    /// Stores the outcome of the work (or discards it) and commits.
+    #[allow(async_fn_in_trait)] // only generated code calls it, with concrete types
+    async fn complete<DB: Backend>(
+        guard: ClaimGuard<DB>,
+        value: Result<Self, E>,
+    ) -> Result<Completed<Result<Self, E>>, IdemError>;
+
+    /// Decodes a replayed response.
+    fn replayed(
+        stored: crate::outcome::StoredResponse,
+    ) -> Result<Completed<Result<Self, E>>, IdemError>;
+}
+
+impl<T: Storable, E: crate::outcome::ErrorOutcome> Stores<E> for T {
+    async fn complete<DB: Backend>(
+        guard: ClaimGuard<DB>,
+        value: Result<T, E>,
+    ) -> Result<Completed<Result<T, E>>, IdemError> {
+        guard.complete(value).await
+    }
+
+    fn replayed(
+        stored: crate::outcome::StoredResponse,
+    ) -> Result<Completed<Result<T, E>>, IdemError> {
+        replayed(stored)
+    }
+}
+
+/// Fingerprints a request with `write`, which the wrapper passes as
+/// `<Request as Fingerprint>::fingerprint`: a request type without
+/// `Fingerprint` then gets one error on that path, spanned on the type, with
+/// no note quoting this crate (as a bound on this function would).
+#[inline]
+pub fn fingerprint_with<T: ?Sized, W: FnOnce(&T, &mut FingerprintHasher)>(
+    step: &str,
+    value: &T,
+    write: W,
+) -> crate::fingerprint::RequestHash {
+    let mut hasher = FingerprintHasher::new(step);
+    write(value, &mut hasher);
+    hasher.finish()
+}
 
 /// Decodes a replayed response into the operation's outcome type.
 pub fn replayed<O: Outcome>(

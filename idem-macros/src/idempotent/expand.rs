@@ -97,24 +97,26 @@ pub(crate) fn wrapper(args: &Args, function: &syn::ItemFn, analysis: Analysis) -
     let request = analysis.params[analysis.request]
         .as_ref()
         .expect("the request is a typed parameter");
-    // Storability: serde's own diagnostics (naming the type and the derive),
-    // spanned on the success type; the engine calls below share that span.
-    let mut checks = TokenStream::new();
-    let success_span = result_success(&user_ret).map_or(ret_span, type_span);
-    if !args.http && !mentions_impl(&user_ret) {
-        if let Some(success) = result_success(&user_ret) {
-            checks.extend(quote_spanned!(success_span=> let _ = ::idem::__private::assert_storable::<#success>;));
-        }
-    }
-    // The fingerprint call is spanned on the request type, so a type without
-    // `Fingerprint` gets one error, there, naming it and the derive.
-    let fingerprint_fn = if mentions_impl(&request.ty) {
-        quote!(::idem::__private::fingerprint)
+    let request_name = &request.name;
+    // Storability: when the return type is spelled `Result<T, E>`, completing
+    // and replaying go through `<T as Stores<_>>`, both paths spanned on `T`,
+    // so a `T` that cannot be stored gets one error, on `T`, naming the derive.
+    let success = result_success(&user_ret).filter(|_| !args.http && !mentions_impl(&user_ret));
+    // The request is fingerprinted through `<Request as Fingerprint>::fingerprint`,
+    // spanned on the request type: a type without `Fingerprint` gets one
+    // error, there, naming it and the derive.
+    let fingerprint_call = if mentions_impl(&request.ty) {
+        quote!(::idem::__private::fingerprint(#step, &#request_name))
     } else {
         let ty = &request.ty;
-        quote_spanned!(type_span(ty)=> ::idem::__private::fingerprint::<#ty>)
+        quote_spanned! {type_span(ty)=>
+            ::idem::__private::fingerprint_with(
+                #step,
+                &#request_name,
+                <#ty as ::idem::__private::Fingerprint>::fingerprint,
+            )
+        }
     };
-    let request_name = &request.name;
     let key_name = &analysis.params[analysis.key]
         .as_ref()
         .expect("the key is a typed parameter")
@@ -195,10 +197,19 @@ pub(crate) fn wrapper(args: &Args, function: &syn::ItemFn, analysis: Analysis) -
                 stored
             )),
         )
+    } else if let Some(success) = success {
+        // The `.await` too: awaiting the future names the trait again.
+        let span = type_span(success);
+        let error = result_error(&user_ret).map_or_else(|| quote!(_), ToTokens::to_token_stream);
+        let stores = quote_spanned!(span=> <#success as ::idem::__private::Stores<#error>>);
+        (
+            quote_spanned!(span=> #stores::complete(#guard, #value).await),
+            quote_spanned!(span=> #stores::replayed(stored)),
+        )
     } else {
         (
-            quote_spanned!(success_span=> #guard.complete(#value).await),
-            quote_spanned!(success_span=> ::idem::__private::replayed::<#user_ret>(stored)),
+            quote!(#guard.complete(#value).await),
+            quote_spanned!(ret_span=> ::idem::__private::replayed::<#user_ret>(stored)),
         )
     };
     let run = quote! {
@@ -240,9 +251,8 @@ pub(crate) fn wrapper(args: &Args, function: &syn::ItemFn, analysis: Analysis) -
         #(#attrs)*
         #vis #constness async #unsafety #abi fn #ident #generics(#(#inputs),*) -> #output #where_clause {
             #registration
-            #checks
             let #step: &'static str = #step_expr;
-            let #fingerprint = #fingerprint_fn(#step, &#request_name);
+            let #fingerprint = #fingerprint_call;
             let #key = ::idem::__private::key(&#key_name);
             #(#destructure)*
             let #op = ::idem::__private::Operation::with_fingerprint(
@@ -314,6 +324,21 @@ fn result_success(ty: &Type) -> Option<&Type> {
     };
     match args.args.first()? {
         GenericArgument::Type(success) => Some(success),
+        _ => None,
+    }
+}
+
+/// `E` in `Result<T, E>`, when the return type is spelled that way (not an
+/// alias such as `Result<T>`).
+fn result_error(ty: &Type) -> Option<&Type> {
+    let Type::Path(path) = peel(ty) else {
+        return None;
+    };
+    let PathArguments::AngleBracketed(args) = &path.path.segments.last()?.arguments else {
+        return None;
+    };
+    match args.args.iter().nth(1)? {
+        GenericArgument::Type(error) if args.args.len() == 2 => Some(error),
         _ => None,
     }
 }
