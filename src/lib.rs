@@ -101,7 +101,7 @@ pub mod registry {
 /// # The derive
 ///
 /// The derive emits the runtime's canonical encoding (see
-/// [`idem_runtime::fingerprint`]): fields in ascending name order (sorted at
+/// [`mod@idem_runtime::fingerprint`]): fields in ascending name order (sorted at
 /// compile time, so declaration order never matters), a `None` field left out
 /// entirely (so adding an optional field keeps old fingerprints), skipped fields
 /// never written. Enums hash the variant name, then its fields. Type
