@@ -41,7 +41,11 @@ pub async fn charge(
         }
         ::idem::__private::core::result::Result::Ok(
             ::idem::__private::Claim::Replay(stored),
-        ) => <Payment as ::idem::__private::Stores<ChargeError>>::replayed(stored),
+        ) => {
+            <Payment as ::idem::__private::Stores<
+                <ChargeError as ::idem::__private::CheckedError>::Checked,
+            >>::replayed(stored)
+        }
         ::idem::__private::core::result::Result::Ok(
             ::idem::__private::Claim::Execute(mut __idem_guard),
         ) => {
@@ -50,20 +54,31 @@ pub async fn charge(
                 let tx: &mut SqliteConnection = __idem_guard.connection();
                 ::idem::__private::within(
                         limit,
-                        ::idem::__private::body::<
-                            Result<Payment, ChargeError>,
-                            _,
-                        >(async move {
-                            let id = insert_payment(tx, &tenant_id, &req).await?;
-                            Ok(Payment { id })
-                        }),
+                        async move {
+                            #[allow(
+                                unknown_lints,
+                                unreachable_code,
+                                clippy::diverging_sub_expression,
+                                clippy::empty_loop,
+                                clippy::let_unit_value,
+                                clippy::needless_return
+                            )]
+                            if false {
+                                let __idem_fake_return: Result<Payment, ChargeError> = loop {};
+                                return __idem_fake_return;
+                            }
+                            {
+                                let id = insert_payment(tx, &tenant_id, &req).await?;
+                                Ok(Payment { id })
+                            }
+                        },
                     )
                     .await
             };
             match __idem_value {
                 ::idem::__private::core::option::Option::Some(__idem_value) => {
                     <Payment as ::idem::__private::Stores<
-                        ChargeError,
+                        <ChargeError as ::idem::__private::CheckedError>::Checked,
                     >>::complete(__idem_guard, __idem_value)
                         .await
                 }

@@ -58,12 +58,6 @@ pub fn key<K: Borrow<IdempotencyKey>>(key: &K) -> IdempotencyKey {
     key.borrow().clone()
 }
 
-/// Pins the output type of the user's body to the declared return type, so
-/// `?` and early `return` infer exactly as in the original function.
-pub fn body<O, F: Future<Output = O>>(future: F) -> F {
-    future
-}
-
 /// Runs `work` within `limit`, if any; `None` when it ran out of time.
 pub async fn within<F: Future>(limit: Option<Duration>, work: F) -> Option<F::Output> {
     match limit {
@@ -128,6 +122,20 @@ impl<T: Storable, E: crate::outcome::ErrorOutcome> Stores<E> for T {
     ) -> Result<Completed<Result<T, E>>, IdemError> {
         replayed(stored)
     }
+}
+
+/// The error type of an `#[idempotent]` function, checked: `Checked` is `E`
+/// itself when `E: ErrorOutcome`. The wrapper names `<E as CheckedError>::Checked`
+/// spanned on `E`, so a missing impl is reported there (with `ErrorOutcome`'s
+/// own message), not only on the success type where `Stores` is named.
+pub trait CheckedError {
+    /// `Self`.
+    type Checked: crate::outcome::ErrorOutcome;
+}
+
+#[diagnostic::do_not_recommend]
+impl<E: crate::outcome::ErrorOutcome> CheckedError for E {
+    type Checked = E;
 }
 
 /// Fingerprints a request with `write`, which the wrapper passes as

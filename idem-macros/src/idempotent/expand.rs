@@ -179,7 +179,28 @@ pub(crate) fn wrapper(args: &Args, function: &syn::ItemFn, analysis: Analysis) -
     let body = if mentions_impl(&user_ret) {
         quote_spanned!(block.span()=> async move #block)
     } else {
-        quote_spanned!(block.span()=> ::idem::__private::body::<#user_ret, _>(async move #block))
+        // A fake return edge (as in `tracing`'s `#[instrument]`): the first
+        // `return` of the async block has the declared type, so the block's
+        // output is pinned before the body is checked; `?` and a mistyped
+        // tail are then reported on the user's lines, not on the wrapper.
+        let fake = Ident::new("__idem_fake_return", Span::mixed_site());
+        quote_spanned! {block.span()=>
+            async move {
+                #[allow(
+                    unknown_lints,
+                    unreachable_code,
+                    clippy::diverging_sub_expression,
+                    clippy::empty_loop,
+                    clippy::let_unit_value,
+                    clippy::needless_return
+                )]
+                if false {
+                    let #fake: #user_ret = loop {};
+                    return #fake;
+                }
+                #block
+            }
+        }
     };
     let engine_ref = if args.http {
         quote!(&#engine)
@@ -200,7 +221,13 @@ pub(crate) fn wrapper(args: &Args, function: &syn::ItemFn, analysis: Analysis) -
     } else if let Some(success) = success {
         // The `.await` too: awaiting the future names the trait again.
         let span = type_span(success);
-        let error = result_error(&user_ret).map_or_else(|| quote!(_), ToTokens::to_token_stream);
+        // `E` goes through `<E as CheckedError>::Checked`, spanned on `E`: an
+        // `E` without `ErrorOutcome` gets its error there, and the projection
+        // becomes an error type that silences the `Stores` bound.
+        let error = result_error(&user_ret).map_or_else(
+            || quote!(_),
+            |error| quote_spanned!(type_span(error)=> <#error as ::idem::__private::CheckedError>::Checked),
+        );
         let stores = quote_spanned!(span=> <#success as ::idem::__private::Stores<#error>>);
         (
             quote_spanned!(span=> #stores::complete(#guard, #value).await),
