@@ -109,11 +109,18 @@ pub(crate) fn wrapper(args: &Args, function: &syn::ItemFn, analysis: Analysis) -
         quote!(::idem::__private::fingerprint(#step, &#request_name))
     } else {
         let ty = &request.ty;
+        // A closure, not the method itself: passing the method would add an
+        // `FnOnce` obligation spanned differently from the path, so a
+        // multi-token type such as `Json<Order>` would get the error twice.
+        let (value, hasher) = (
+            Ident::new("__idem_request", Span::mixed_site()),
+            Ident::new("__idem_hasher", Span::mixed_site()),
+        );
         quote_spanned! {type_span(ty)=>
             ::idem::__private::fingerprint_with(
                 #step,
                 &#request_name,
-                <#ty as ::idem::__private::Fingerprint>::fingerprint,
+                |#value, #hasher| <#ty as ::idem::__private::Fingerprint>::fingerprint(#value, #hasher),
             )
         }
     };
@@ -219,11 +226,15 @@ pub(crate) fn wrapper(args: &Args, function: &syn::ItemFn, analysis: Analysis) -
             )),
         )
     } else if let Some(success) = success {
-        // The `.await` too: awaiting the future names the trait again.
+        // Every obligation on `T` must land on one span, or rustc reports it
+        // once per span: the path, the call and the `.await` (which names the
+        // trait again) are all spanned on `T`'s first token, and so is `T`
+        // itself, re-spanned, so that `Vec<Receipt>` is one span too.
         let span = type_span(success);
+        let success = respan(success, span);
         // `E` goes through `<E as CheckedError>::Checked`, spanned on `E`: an
-        // `E` without `ErrorOutcome` gets its error there, and the projection
-        // becomes an error type that silences the `Stores` bound.
+        // `E` without `ErrorOutcome` gets an error there (and, as `Stores`
+        // needs it too, a second one on `T`).
         let error = result_error(&user_ret).map_or_else(
             || quote!(_),
             |error| quote_spanned!(type_span(error)=> <#error as ::idem::__private::CheckedError>::Checked),
@@ -335,6 +346,32 @@ fn database_of(ty: &Type) -> TokenStream {
         }
     }
     quote_spanned!(connection.span()=> <#connection as ::idem::__private::ClaimConnection>::Database)
+}
+
+/// A type's tokens, all spanned on `span` (except `$crate`, which resolves by
+/// its span), so that the type as a whole covers exactly `span`.
+fn respan(ty: &Type, span: Span) -> TokenStream {
+    fn walk(tokens: TokenStream, span: Span) -> TokenStream {
+        tokens
+            .into_iter()
+            .map(|token| match token {
+                proc_macro2::TokenTree::Group(group) => {
+                    let mut new =
+                        proc_macro2::Group::new(group.delimiter(), walk(group.stream(), span));
+                    new.set_span(span);
+                    proc_macro2::TokenTree::Group(new)
+                }
+                proc_macro2::TokenTree::Ident(ident) if ident == "$crate" => {
+                    proc_macro2::TokenTree::Ident(ident)
+                }
+                mut other => {
+                    other.set_span(span);
+                    other
+                }
+            })
+            .collect()
+    }
+    walk(ty.to_token_stream(), span)
 }
 
 /// `T` in `Result<T, E>`, when the return type is spelled that way.
