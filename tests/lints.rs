@@ -106,6 +106,21 @@ async fn charge(
     Ok(Receipt { amount: req.amount })
 }
 
+/// The outcome under another name.
+pub type ChargeResult = Result<Receipt, Problem>;
+
+/// A return type that is an alias: not spelled `Result<T, E>`.
+#[idempotent(scope = "tenant", step = CHARGE)]
+async fn aliased(
+    tx: &mut SqliteConnection,
+    tenant: String,
+    key: IdempotencyKey,
+    #[fingerprint] req: Pair,
+) -> ChargeResult {
+    let _ = (tx, tenant);
+    Ok(Receipt { amount: req.0 })
+}
+
 /// A service with a method.
 pub struct Service {
     fee: i64,
@@ -181,6 +196,16 @@ async fn every_macro_expands_without_warnings_and_runs() {
         .await
         .unwrap();
     assert_eq!(done.value.unwrap(), "3");
+
+    let aliased_key = IdempotencyKey::new("aliased").unwrap();
+    let done = aliased(&engine, "acme".into(), aliased_key.clone(), Pair(4, 0))
+        .await
+        .unwrap();
+    assert_eq!(done.value, Ok(Receipt { amount: 4 }));
+    let again = aliased(&engine, "acme".into(), aliased_key, Pair(4, 0))
+        .await
+        .unwrap();
+    assert_eq!(again.via, idem::Via::Replayed);
 
     let app = Router::new()
         .route("/{tenant}/orders", post(create_order))

@@ -15,9 +15,7 @@ async fn create_order(
     let __idem_fingerprint = ::idem::__private::fingerprint_with(
         __idem_step,
         &__idem_arg3,
-        |__idem_request, __idem_hasher| <Json<
-            NewOrder,
-        > as ::idem::__private::Fingerprint>::fingerprint(__idem_request, __idem_hasher),
+        <Json<NewOrder> as ::idem::__private::Fingerprint>::fingerprint,
     );
     let __idem_key = ::idem::__private::key(&key);
     let Path(tenant) = __idem_arg1;

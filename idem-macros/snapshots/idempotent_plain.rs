@@ -18,10 +18,7 @@ pub async fn charge(
     let __idem_fingerprint = ::idem::__private::fingerprint_with(
         __idem_step,
         &req,
-        |__idem_request, __idem_hasher| <ChargeRequest as ::idem::__private::Fingerprint>::fingerprint(
-            __idem_request,
-            __idem_hasher,
-        ),
+        <ChargeRequest as ::idem::__private::Fingerprint>::fingerprint,
     );
     let __idem_key = ::idem::__private::key(&key);
     let __idem_op = ::idem::__private::Operation::with_fingerprint(

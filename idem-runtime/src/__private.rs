@@ -124,6 +124,42 @@ impl<T: Storable, E: crate::outcome::ErrorOutcome> Stores<E> for T {
     }
 }
 
+/// How the wrapper of a function whose return type is not spelled
+/// `Result<T, E>` (an alias, a hand-written [`Outcome`]) completes and replays
+/// it, reached as `<O as Completes>::…` on one span, like [`Stores`].
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be stored as an idempotent outcome",
+    label = "not storable: return `Result<T, E>`",
+    note = "an idempotent operation returns `Result<T, E>` where `T: Serialize + DeserializeOwned` (stored and replayed as JSON) and `E: ErrorOutcome` (deterministic errors are stored, transient ones roll back)"
+)]
+pub trait Completes: Sized {
+    /// Stores the outcome of the work (or discards it) and commits.
+    #[allow(async_fn_in_trait)] // only generated code calls it, with concrete types
+    async fn complete<DB: Backend>(
+        guard: ClaimGuard<DB>,
+        value: Self,
+    ) -> Result<Completed<Self>, IdemError>;
+
+    /// Decodes a replayed response.
+    fn replayed(stored: crate::outcome::StoredResponse) -> Result<Completed<Self>, IdemError>;
+}
+
+// `do_not_recommend`: the error names `Completes` (with `Outcome`'s wording)
+// rather than listing `Outcome`'s impls, which would quote this crate's source.
+#[diagnostic::do_not_recommend]
+impl<O: Outcome> Completes for O {
+    async fn complete<DB: Backend>(
+        guard: ClaimGuard<DB>,
+        value: O,
+    ) -> Result<Completed<O>, IdemError> {
+        guard.complete(value).await
+    }
+
+    fn replayed(stored: crate::outcome::StoredResponse) -> Result<Completed<O>, IdemError> {
+        replayed(stored)
+    }
+}
+
 /// The error type of an `#[idempotent]` function, checked: `Checked` is `E`
 /// itself when `E: ErrorOutcome`. The wrapper names `<E as CheckedError>::Checked`
 /// spanned on `E`, so a missing impl is reported there (with `ErrorOutcome`'s
@@ -141,12 +177,14 @@ impl<E: crate::outcome::ErrorOutcome> CheckedError for E {
 /// Fingerprints a request with `write`, which the wrapper passes as
 /// `<Request as Fingerprint>::fingerprint`: a request type without
 /// `Fingerprint` then gets one error on that path, spanned on the type, with
-/// no note quoting this crate (as a bound on this function would).
+/// no note quoting this crate (as a bound on this function would). `write` is
+/// a function pointer, not a generic `FnOnce`, whose bound would report the
+/// same error a second time on another span; inlined, the call is direct.
 #[inline]
-pub fn fingerprint_with<T: ?Sized, W: FnOnce(&T, &mut FingerprintHasher)>(
+pub fn fingerprint_with<T: ?Sized>(
     step: &str,
     value: &T,
-    write: W,
+    write: fn(&T, &mut FingerprintHasher),
 ) -> crate::fingerprint::RequestHash {
     let mut hasher = FingerprintHasher::new(step);
     write(value, &mut hasher);

@@ -109,18 +109,11 @@ pub(crate) fn wrapper(args: &Args, function: &syn::ItemFn, analysis: Analysis) -
         quote!(::idem::__private::fingerprint(#step, &#request_name))
     } else {
         let ty = &request.ty;
-        // A closure, not the method itself: passing the method would add an
-        // `FnOnce` obligation spanned differently from the path, so a
-        // multi-token type such as `Json<Order>` would get the error twice.
-        let (value, hasher) = (
-            Ident::new("__idem_request", Span::mixed_site()),
-            Ident::new("__idem_hasher", Span::mixed_site()),
-        );
         quote_spanned! {type_span(ty)=>
             ::idem::__private::fingerprint_with(
                 #step,
                 &#request_name,
-                |#value, #hasher| <#ty as ::idem::__private::Fingerprint>::fingerprint(#value, #hasher),
+                <#ty as ::idem::__private::Fingerprint>::fingerprint,
             )
         }
     };
@@ -244,10 +237,19 @@ pub(crate) fn wrapper(args: &Args, function: &syn::ItemFn, analysis: Analysis) -
             quote_spanned!(span=> #stores::complete(#guard, #value).await),
             quote_spanned!(span=> #stores::replayed(stored)),
         )
+    } else if !mentions_impl(&user_ret) {
+        // Any other `Outcome` (an alias, a hand-written impl): through
+        // `<O as Completes>`, on one span, as for `Stores` above.
+        let outcome = respan(&user_ret, ret_span);
+        let completes = quote_spanned!(ret_span=> <#outcome as ::idem::__private::Completes>);
+        (
+            quote_spanned!(ret_span=> #completes::complete(#guard, #value).await),
+            quote_spanned!(ret_span=> #completes::replayed(stored)),
+        )
     } else {
         (
             quote!(#guard.complete(#value).await),
-            quote_spanned!(ret_span=> ::idem::__private::replayed::<#user_ret>(stored)),
+            quote!(::idem::__private::replayed(stored)),
         )
     };
     let run = quote! {
