@@ -227,8 +227,11 @@ pub use idem_macros::steps;
 /// result, fresh or replayed, and [`Completed::via`] says which. The body
 /// stays ordinary code: `?` and early `return` work as written. Your return
 /// type must be `Result<T, E>` with `T: Serialize + DeserializeOwned` and
-/// `E:` [`ErrorOutcome`]: successes and errors below 500 are stored and
-/// replayed; 5xx errors, panics, timeouts and dropped futures roll back.
+/// `E:` [`ErrorOutcome`] (or an alias of one): successes and errors below 500
+/// are stored and replayed; 5xx errors, panics, timeouts and dropped futures
+/// roll back. A `T` that cannot be stored, an `E` without `ErrorOutcome` or a
+/// request without `Fingerprint` is reported once, on that type, saying what
+/// to derive or implement (`tests/ui/idempotent/fail/` has each message).
 ///
 /// The expansion, roughly (`idem-macros/snapshots/` has the exact text):
 ///
