@@ -230,8 +230,8 @@ pub use idem_macros::steps;
 /// `E:` [`ErrorOutcome`] (or an alias of one): successes and errors below 500
 /// are stored and replayed; 5xx errors, panics, timeouts and dropped futures
 /// roll back. A `T` that cannot be stored, an `E` without `ErrorOutcome` or a
-/// request without `Fingerprint` is reported once, on that type, saying what
-/// to derive or implement (`tests/ui/idempotent/fail/` has each message).
+/// request without `Fingerprint` is a compile error pointing at that type and
+/// saying what to derive or implement (`tests/ui/idempotent/fail/` has each message).
 ///
 /// The expansion, roughly (`idem-macros/snapshots/` has the exact text):
 ///
