@@ -11,7 +11,7 @@ use axum::http::StatusCode;
 use axum::routing::post;
 use axum::Router;
 use idem::http::Json;
-use idem::sqlx::{Sqlite, SqliteConnection};
+use idem::sqlx::{Postgres, Sqlite, SqliteConnection};
 use idem::{fingerprint, idempotent, Backend, Engine, Fingerprint, IdempotencyKey, Problem};
 use serde::{Deserialize, Serialize};
 use tower::ServiceExt;
@@ -165,6 +165,27 @@ async fn create_order(
 ) -> (StatusCode, String) {
     let _ = tx;
     (StatusCode::CREATED, format!("{tenant}/{}", order.amount))
+}
+
+/// The wrappers' futures are `Send` (they can be spawned), generic ones included.
+#[allow(dead_code)]
+fn futures_are_send(engine: &Engine<Sqlite>, pg: &Engine<Postgres>) {
+    fn send<F: Send>(_: F) {}
+    let key = IdempotencyKey::new("k").unwrap();
+    send(aliased(engine, String::new(), key.clone(), Pair(1, 2)));
+    send(generic(
+        engine,
+        String::new(),
+        key.clone(),
+        Wrapped { inner: 1u8 },
+    ));
+    send(generic(
+        pg,
+        String::new(),
+        key.clone(),
+        Wrapped { inner: 1u8 },
+    ));
+    send(Service { fee: 1 }.charge(engine, "acme", &key, &Pair(1, 2)));
 }
 
 #[tokio::test]
