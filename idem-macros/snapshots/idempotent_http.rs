@@ -12,9 +12,11 @@ async fn create_order(
         ::idem::__private::core::line!(), },)
     }
     let __idem_step: &'static str = ::idem::__private::step_name(steps::CREATE_ORDER);
-    let __idem_fingerprint = ::idem::__private::fingerprint::<
-        Json<NewOrder>,
-    >(__idem_step, &__idem_arg3);
+    let __idem_fingerprint = ::idem::__private::fingerprint_with(
+        __idem_step,
+        &__idem_arg3,
+        <Json<NewOrder> as ::idem::__private::Fingerprint>::fingerprint,
+    );
     let __idem_key = ::idem::__private::key(&key);
     let Path(tenant) = __idem_arg1;
     let Json(order) = __idem_arg3;
@@ -39,15 +41,29 @@ async fn create_order(
                 let tx: &mut PgConnection = __idem_guard.connection();
                 ::idem::__private::within(
                         limit,
-                        ::idem::__private::body::<
-                            Result<(StatusCode, Json<Order>), AppError>,
-                            _,
-                        >(async move {
-                            Ok((
-                                StatusCode::CREATED,
-                                Json(insert(tx, &tenant, order).await?),
-                            ))
-                        }),
+                        async move {
+                            #[allow(
+                                unknown_lints,
+                                unreachable_code,
+                                clippy::diverging_sub_expression,
+                                clippy::empty_loop,
+                                clippy::let_unit_value,
+                                clippy::needless_return
+                            )]
+                            if false {
+                                let __idem_fake_return: Result<
+                                    (StatusCode, Json<Order>),
+                                    AppError,
+                                > = loop {};
+                                return __idem_fake_return;
+                            }
+                            {
+                                Ok((
+                                    StatusCode::CREATED,
+                                    Json(insert(tx, &tenant, order).await?),
+                                ))
+                            }
+                        },
                     )
                     .await
             };
