@@ -10,6 +10,7 @@ pub use core;
 pub use inventory;
 pub use serde;
 pub use sqlx;
+pub use tracing::Instrument;
 
 pub use crate::engine::{Claim, ClaimGuard, Completed, Engine};
 pub use crate::error::IdemError;
@@ -207,5 +208,5 @@ pub use axum;
 /// The HTTP helpers `#[idempotent(http)]` calls.
 #[cfg(feature = "axum")]
 pub mod http {
-    pub use crate::http::{into_stored, respond};
+    pub use crate::http::{into_stored, operation_span, respond};
 }

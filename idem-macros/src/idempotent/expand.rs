@@ -270,9 +270,17 @@ pub(crate) fn wrapper(args: &Args, function: &syn::ItemFn, analysis: Analysis) -
         }
     };
     let finish = if args.http {
+        // One `idem.request` span per request (scope, step, key tag), whose
+        // outcome `respond` records.
         quote! {
-            let #result = #run;
-            ::idem::__private::http::respond(#result)
+            ::idem::__private::Instrument::instrument(
+                async {
+                    let #result = #run;
+                    ::idem::__private::http::respond(#result)
+                },
+                ::idem::__private::http::operation_span(&#op),
+            )
+            .await
         }
     } else {
         run
