@@ -18,7 +18,7 @@
 //! commit or holds the answer back.
 //!
 //! The demo plays the guide's retries (a client retry after a lost response, a
-//! gateway retry, a mesh retry, a concurrent duplicate, a crash after commit,
+//! gateway retry, a mesh retry, a duplicate while the first attempt runs, a crash after commit,
 //! a key reused with a changed amount), prints every attempt in the order it
 //! started and what it got, checks that each order was charged exactly once,
 //! and exits non-zero if not.
@@ -99,7 +99,11 @@ impl FromRef<Orders> for Engine<Sqlite> {
 /// `POST /checkout`: charge the card through payments with the derived key,
 /// record the order; both the order and this answer commit together, and
 /// every retry of the key gets this answer back without running again.
-#[idempotent(http, scope = "tenant", step = PLACE_ORDER)]
+///
+/// The claim is `durable`: it commits an `in_progress` record before the call
+/// to payments, so no database lock is held across that call, and a duplicate
+/// arriving meanwhile is told 409 with the seconds left on the lock.
+#[idempotent(http, scope = "tenant", step = PLACE_ORDER, durable, lock_ttl = "2s")]
 async fn checkout(
     tx: &mut SqliteConnection,
     State(orders): State<Orders>,
@@ -566,13 +570,31 @@ async fn run() -> Result<bool, BoxError> {
     demo.checkout("client #1 -> gateway", gateway, key, "ord-1003", 4200)
         .await?;
 
-    // 4. A double click: two attempts at once.
+    // 4. A double click: the second attempt arrives while the first is still
+    //    charging (payments answers slowly), gets 409, waits the Retry-After
+    //    it was told, and retries.
     let key = "key-ord-1004";
-    story.push(("duplicate fired concurrently", "ord-1004", key));
-    let (a, b) = tokio::join!(
-        demo.checkout("client #1 -> orders", orders, key, "ord-1004", 990),
-        demo.checkout("client #2 -> orders", orders, key, "ord-1004", 990),
-    );
+    story.push(("duplicate while the first runs", "ord-1004", key));
+    let charge_key = IdempotencyKey::new(key)?.child(CHARGE_CARD);
+    payments_faults.arm(charge_key.as_str(), Loss::Stall(Duration::from_millis(400)));
+    let first = demo.checkout("client #1 -> orders", orders, key, "ord-1004", 990);
+    let second = async {
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        let reply = demo
+            .checkout("client #2 -> orders", orders, key, "ord-1004", 990)
+            .await?;
+        if reply.status == 409 {
+            let wait = reply
+                .header("retry-after")
+                .and_then(|s| s.parse().ok())
+                .unwrap_or(1);
+            tokio::time::sleep(Duration::from_secs(wait)).await;
+            demo.checkout("client #2 retry -> orders", orders, key, "ord-1004", 990)
+                .await?;
+        }
+        Ok::<_, BoxError>(())
+    };
+    let (a, b) = tokio::join!(first, second);
     a?;
     b?;
 

@@ -101,7 +101,7 @@ pub mod registry {
 /// # The derive
 ///
 /// The derive emits the runtime's canonical encoding (see
-/// [`idem_runtime::fingerprint`]): fields in ascending name order (sorted at
+/// [`mod@idem_runtime::fingerprint`]): fields in ascending name order (sorted at
 /// compile time, so declaration order never matters), a `None` field left out
 /// entirely (so adding an optional field keeps old fingerprints), skipped fields
 /// never written. Enums hash the variant name, then its fields. Type
@@ -227,8 +227,11 @@ pub use idem_macros::steps;
 /// result, fresh or replayed, and [`Completed::via`] says which. The body
 /// stays ordinary code: `?` and early `return` work as written. Your return
 /// type must be `Result<T, E>` with `T: Serialize + DeserializeOwned` and
-/// `E:` [`ErrorOutcome`]: successes and errors below 500 are stored and
-/// replayed; 5xx errors, panics, timeouts and dropped futures roll back.
+/// `E:` [`ErrorOutcome`] (or an alias of one): successes and errors below 500
+/// are stored and replayed; 5xx errors, panics, timeouts and dropped futures
+/// roll back. A `T` that cannot be stored, an `E` without `ErrorOutcome` or a
+/// request without `Fingerprint` is a compile error pointing at that type and
+/// saying what to derive or implement (`tests/ui/idempotent/fail/` has each message).
 ///
 /// The expansion, roughly (`idem-macros/snapshots/` has the exact text):
 ///

@@ -273,7 +273,6 @@ pub fn router<DB: Ledger>(engine: Engine<DB>, config: Config) -> Router {
     Router::new()
         .route("/payments", DB::create_route().get(list_payments::<DB>))
         .route("/healthz", get(healthz::<DB>))
-        .route_layer(axum::middleware::from_fn(request_span))
         .layer(axum::middleware::from_fn_with_state(
             config.allow_faults,
             fault::layer,
@@ -342,33 +341,6 @@ async fn charge<DB: Ledger>(
     faults.at(FaultPoint::AfterBusinessWrite);
     faults.ran_body();
     answer
-}
-
-/// The per-request `tracing` span: tenant, step, a short hash of the key
-/// (never the key), and the `outcome` the macro's response records
-/// (`executed`, `replayed`, ...).
-async fn request_span(request: axum::extract::Request, next: axum::middleware::Next) -> Response {
-    use tracing::Instrument;
-    let headers = request.headers();
-    let Some(key) = headers
-        .get(idem::http::IDEMPOTENCY_KEY)
-        .and_then(|v| idem::http::parse_header_value(v).ok())
-    else {
-        return next.run(request).await;
-    };
-    let tenant = headers
-        .get("x-tenant-id")
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("")
-        .to_owned();
-    let span = tracing::info_span!(
-        "idem.request",
-        tenant = %tenant,
-        step = CREATE_PAYMENT.name(),
-        key = %key.log_tag(),
-        outcome = tracing::field::Empty,
-    );
-    next.run(request).instrument(span).await
 }
 
 /// The rules a well-formed body must also meet; breaking one is a

@@ -14,11 +14,12 @@ pub async fn charge(
         "::", "charge"), file : ::idem::__private::core::file!(), line :
         ::idem::__private::core::line!(), },)
     }
-    let _ = ::idem::__private::assert_storable::<Payment>;
     let __idem_step: &'static str = "charge-card.v1";
-    let __idem_fingerprint = ::idem::__private::fingerprint::<
-        ChargeRequest,
-    >(__idem_step, &req);
+    let __idem_fingerprint = ::idem::__private::fingerprint_with(
+        __idem_step,
+        &req,
+        <ChargeRequest as ::idem::__private::Fingerprint>::fingerprint,
+    );
     let __idem_key = ::idem::__private::key(&key);
     let __idem_op = ::idem::__private::Operation::with_fingerprint(
         ::idem::__private::scope(&[&tenant_id]),
@@ -40,7 +41,11 @@ pub async fn charge(
         }
         ::idem::__private::core::result::Result::Ok(
             ::idem::__private::Claim::Replay(stored),
-        ) => ::idem::__private::replayed::<Result<Payment, ChargeError>>(stored),
+        ) => {
+            <Payment as ::idem::__private::Stores<
+                <ChargeError as ::idem::__private::CheckedError>::Checked,
+            >>::replayed(stored)
+        }
         ::idem::__private::core::result::Result::Ok(
             ::idem::__private::Claim::Execute(mut __idem_guard),
         ) => {
@@ -49,19 +54,33 @@ pub async fn charge(
                 let tx: &mut SqliteConnection = __idem_guard.connection();
                 ::idem::__private::within(
                         limit,
-                        ::idem::__private::body::<
-                            Result<Payment, ChargeError>,
-                            _,
-                        >(async move {
-                            let id = insert_payment(tx, &tenant_id, &req).await?;
-                            Ok(Payment { id })
-                        }),
+                        async move {
+                            #[allow(
+                                unknown_lints,
+                                unreachable_code,
+                                clippy::diverging_sub_expression,
+                                clippy::empty_loop,
+                                clippy::let_unit_value,
+                                clippy::needless_return
+                            )]
+                            if false {
+                                let __idem_fake_return: Result<Payment, ChargeError> = loop {};
+                                return __idem_fake_return;
+                            }
+                            {
+                                let id = insert_payment(tx, &tenant_id, &req).await?;
+                                Ok(Payment { id })
+                            }
+                        },
                     )
                     .await
             };
             match __idem_value {
                 ::idem::__private::core::option::Option::Some(__idem_value) => {
-                    __idem_guard.complete(__idem_value).await
+                    <Payment as ::idem::__private::Stores<
+                        <ChargeError as ::idem::__private::CheckedError>::Checked,
+                    >>::complete(__idem_guard, __idem_value)
+                        .await
                 }
                 ::idem::__private::core::option::Option::None => {
                     ::idem::__private::timed_out(__idem_guard).await

@@ -55,7 +55,7 @@ pub(crate) fn check_step_name(name: &str) -> Result<(), &'static str> {
         || !version.bytes().all(|b| b.is_ascii_digit())
     {
         return Err(
-            "needs a version number without leading zeros after `.v`, e.g. `charge-card.v2`",
+            "needs a version after `.v` counting from 1, without leading zeros (`.v1`, `.v2`, ...), e.g. `charge-card.v2`",
         );
     }
     let starts_lower = base.bytes().next().is_some_and(|b| b.is_ascii_lowercase());

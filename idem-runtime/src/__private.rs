@@ -10,6 +10,7 @@ pub use core;
 pub use inventory;
 pub use serde;
 pub use sqlx;
+pub use tracing::Instrument;
 
 pub use crate::engine::{Claim, ClaimGuard, Completed, Engine};
 pub use crate::error::IdemError;
@@ -58,12 +59,6 @@ pub fn key<K: Borrow<IdempotencyKey>>(key: &K) -> IdempotencyKey {
     key.borrow().clone()
 }
 
-/// Pins the output type of the user's body to the declared return type, so
-/// `?` and early `return` infer exactly as in the original function.
-pub fn body<O, F: Future<Output = O>>(future: F) -> F {
-    future
-}
-
 /// Runs `work` within `limit`, if any; `None` when it ran out of time.
 pub async fn within<F: Future>(limit: Option<Duration>, work: F) -> Option<F::Output> {
     match limit {
@@ -79,8 +74,123 @@ pub async fn timed_out<DB: Backend, O>(guard: ClaimGuard<DB>) -> Result<Complete
     Err(IdemError::TimedOut { limit })
 }
 
-/// A compile-time check that a success value can be stored and replayed.
-pub fn assert_storable<T: serde::Serialize + serde::de::DeserializeOwned>() {}
+/// A success value that can be stored and replayed: it serializes and
+/// deserializes. Implemented for every such type.
+///
+/// The impl is `do_not_recommend`, so a type missing either half gets one
+/// error about `Storable`, not one per serde trait.
+pub trait Storable: serde::Serialize + serde::de::DeserializeOwned {}
+
+#[diagnostic::do_not_recommend]
+impl<T: serde::Serialize + serde::de::DeserializeOwned> Storable for T {}
+
+/// How the wrapper of a function returning `Result<T, E>` completes and
+/// replays it, reached as `<T as Stores<_>>::…` with the path spanned on `T`.
+///
+/// Every use names the same trait on the same span, so a success type that is
+/// not [`Storable`] gets exactly one error, there, and the error points at no
+/// line of this crate (a bound on a generic function would be quoted in a
+/// "required by a bound" note, which changes whenever this file does).
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be stored for replay: it does not implement `Serialize` and `Deserialize`",
+    label = "the success value is stored as JSON and replayed to retries",
+    note = "add `#[derive(serde::Serialize, serde::Deserialize)]` to `{Self}`"
+)]
+pub trait Stores<E>: Sized {
+    /// Stores the outcome of the work (or discards it) and commits.
+    #[allow(async_fn_in_trait)] // only generated code calls it, with concrete types
+    async fn complete<DB: Backend>(
+        guard: ClaimGuard<DB>,
+        value: Result<Self, E>,
+    ) -> Result<Completed<Result<Self, E>>, IdemError>;
+
+    /// Decodes a replayed response.
+    fn replayed(
+        stored: crate::outcome::StoredResponse,
+    ) -> Result<Completed<Result<Self, E>>, IdemError>;
+}
+
+impl<T: Storable, E: crate::outcome::ErrorOutcome> Stores<E> for T {
+    async fn complete<DB: Backend>(
+        guard: ClaimGuard<DB>,
+        value: Result<T, E>,
+    ) -> Result<Completed<Result<T, E>>, IdemError> {
+        guard.complete(value).await
+    }
+
+    fn replayed(
+        stored: crate::outcome::StoredResponse,
+    ) -> Result<Completed<Result<T, E>>, IdemError> {
+        replayed(stored)
+    }
+}
+
+/// How the wrapper of a function whose return type is not spelled
+/// `Result<T, E>` (an alias, a hand-written [`Outcome`]) completes and replays
+/// it, reached as `<O as Completes>::…` on one span, like [`Stores`].
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be stored as an idempotent outcome",
+    label = "not storable: return `Result<T, E>`",
+    note = "an idempotent operation returns `Result<T, E>` where `T: Serialize + DeserializeOwned` (stored and replayed as JSON) and `E: ErrorOutcome` (deterministic errors are stored, transient ones roll back)"
+)]
+pub trait Completes: Sized {
+    /// Stores the outcome of the work (or discards it) and commits.
+    #[allow(async_fn_in_trait)] // only generated code calls it, with concrete types
+    async fn complete<DB: Backend>(
+        guard: ClaimGuard<DB>,
+        value: Self,
+    ) -> Result<Completed<Self>, IdemError>;
+
+    /// Decodes a replayed response.
+    fn replayed(stored: crate::outcome::StoredResponse) -> Result<Completed<Self>, IdemError>;
+}
+
+// `do_not_recommend`: the error names `Completes` (with `Outcome`'s wording)
+// rather than listing `Outcome`'s impls, which would quote this crate's source.
+#[diagnostic::do_not_recommend]
+impl<O: Outcome> Completes for O {
+    async fn complete<DB: Backend>(
+        guard: ClaimGuard<DB>,
+        value: O,
+    ) -> Result<Completed<O>, IdemError> {
+        guard.complete(value).await
+    }
+
+    fn replayed(stored: crate::outcome::StoredResponse) -> Result<Completed<O>, IdemError> {
+        replayed(stored)
+    }
+}
+
+/// The error type of an `#[idempotent]` function, checked: `Checked` is `E`
+/// itself when `E: ErrorOutcome`. The wrapper names `<E as CheckedError>::Checked`
+/// spanned on `E`, so a missing impl is reported there (with `ErrorOutcome`'s
+/// own message), not only on the success type where `Stores` is named.
+pub trait CheckedError {
+    /// `Self`.
+    type Checked: crate::outcome::ErrorOutcome;
+}
+
+#[diagnostic::do_not_recommend]
+impl<E: crate::outcome::ErrorOutcome> CheckedError for E {
+    type Checked = E;
+}
+
+/// Fingerprints a request with `write`, which the wrapper passes as
+/// `<Request as Fingerprint>::fingerprint`: a request type without
+/// `Fingerprint` then gets one error on that path, spanned on the type, with
+/// no note quoting this crate (as a bound on this function would). `write` is
+/// a function pointer, not a generic `FnOnce`, whose bound would report the
+/// same error a second time on another span; inlined, the call is direct.
+#[inline]
+pub fn fingerprint_with<T: ?Sized>(
+    step: &str,
+    value: &T,
+    write: fn(&T, &mut FingerprintHasher),
+) -> crate::fingerprint::RequestHash {
+    let mut hasher = FingerprintHasher::new(step);
+    write(value, &mut hasher);
+    hasher.finish()
+}
 
 /// Decodes a replayed response into the operation's outcome type.
 pub fn replayed<O: Outcome>(
@@ -98,5 +208,5 @@ pub use axum;
 /// The HTTP helpers `#[idempotent(http)]` calls.
 #[cfg(feature = "axum")]
 pub mod http {
-    pub use crate::http::{into_stored, respond};
+    pub use crate::http::{into_stored, operation_span, respond};
 }

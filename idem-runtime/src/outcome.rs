@@ -88,6 +88,11 @@ pub trait Outcome: Sized {
 ///     }
 /// }
 /// ```
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be the error of an idempotent operation: it does not implement `ErrorOutcome`",
+    label = "`{Self}` does not implement `ErrorOutcome`",
+    note = "implement `idem::ErrorOutcome` for `{Self}` (its `status()` decides: below 500 the error is stored and replayed, 500 and above rolls back; it also needs `Serialize` and `Deserialize`), or return `idem::Problem`"
+)]
 pub trait ErrorOutcome: Serialize + DeserializeOwned {
     /// The HTTP-style status of this error.
     fn status(&self) -> u16;

@@ -43,6 +43,9 @@ impl Problem {
     }
 }
 
+// Not listed in "the trait is implemented for" hints, which would quote this
+// line in users' compile errors; the `ErrorOutcome` note names `Problem`.
+#[diagnostic::do_not_recommend]
 impl ErrorOutcome for Problem {
     fn status(&self) -> u16 {
         self.status

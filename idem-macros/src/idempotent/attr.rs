@@ -105,10 +105,13 @@ impl Parse for Args {
 fn parse_scope(input: ParseStream<'_>) -> syn::Result<Vec<LitStr>> {
     if input.peek(syn::token::Bracket) {
         let content;
-        bracketed!(content in input);
+        let brackets = bracketed!(content in input);
         let names = content.parse_terminated(|p| p.parse::<LitStr>(), Token![,])?;
         if names.is_empty() {
-            return Err(content.error("`scope` needs at least one parameter name, e.g. `scope = [\"tenant_id\", \"caller\"]`"));
+            return Err(syn::Error::new(
+                brackets.span.join(),
+                "`scope` needs at least one parameter name, e.g. `scope = [\"tenant_id\", \"caller\"]`",
+            ));
         }
         Ok(names.into_iter().collect())
     } else if input.peek(LitStr) {

@@ -97,24 +97,26 @@ pub(crate) fn wrapper(args: &Args, function: &syn::ItemFn, analysis: Analysis) -
     let request = analysis.params[analysis.request]
         .as_ref()
         .expect("the request is a typed parameter");
-    // Storability: serde's own diagnostics (naming the type and the derive),
-    // spanned on the success type; the engine calls below share that span.
-    let mut checks = TokenStream::new();
-    let success_span = result_success(&user_ret).map_or(ret_span, type_span);
-    if !args.http && !mentions_impl(&user_ret) {
-        if let Some(success) = result_success(&user_ret) {
-            checks.extend(quote_spanned!(success_span=> let _ = ::idem::__private::assert_storable::<#success>;));
-        }
-    }
-    // The fingerprint call is spanned on the request type, so a type without
-    // `Fingerprint` gets one error, there, naming it and the derive.
-    let fingerprint_fn = if mentions_impl(&request.ty) {
-        quote!(::idem::__private::fingerprint)
+    let request_name = &request.name;
+    // Storability: when the return type is spelled `Result<T, E>`, completing
+    // and replaying go through `<T as Stores<_>>`, both paths spanned on `T`,
+    // so a `T` that cannot be stored gets one error, on `T`, naming the derive.
+    let success = result_success(&user_ret).filter(|_| !args.http && !mentions_impl(&user_ret));
+    // The request is fingerprinted through `<Request as Fingerprint>::fingerprint`,
+    // spanned on the request type: a type without `Fingerprint` gets one
+    // error, there, naming it and the derive.
+    let fingerprint_call = if mentions_impl(&request.ty) {
+        quote!(::idem::__private::fingerprint(#step, &#request_name))
     } else {
         let ty = &request.ty;
-        quote_spanned!(type_span(ty)=> ::idem::__private::fingerprint::<#ty>)
+        quote_spanned! {type_span(ty)=>
+            ::idem::__private::fingerprint_with(
+                #step,
+                &#request_name,
+                <#ty as ::idem::__private::Fingerprint>::fingerprint,
+            )
+        }
     };
-    let request_name = &request.name;
     let key_name = &analysis.params[analysis.key]
         .as_ref()
         .expect("the key is a typed parameter")
@@ -177,7 +179,28 @@ pub(crate) fn wrapper(args: &Args, function: &syn::ItemFn, analysis: Analysis) -
     let body = if mentions_impl(&user_ret) {
         quote_spanned!(block.span()=> async move #block)
     } else {
-        quote_spanned!(block.span()=> ::idem::__private::body::<#user_ret, _>(async move #block))
+        // A fake return edge (as in `tracing`'s `#[instrument]`): the first
+        // `return` of the async block has the declared type, so the block's
+        // output is pinned before the body is checked; `?` and a mistyped
+        // tail are then reported on the user's lines, not on the wrapper.
+        let fake = Ident::new("__idem_fake_return", Span::mixed_site());
+        quote_spanned! {block.span()=>
+            async move {
+                #[allow(
+                    unknown_lints,
+                    unreachable_code,
+                    clippy::diverging_sub_expression,
+                    clippy::empty_loop,
+                    clippy::let_unit_value,
+                    clippy::needless_return
+                )]
+                if false {
+                    let #fake: #user_ret = loop {};
+                    return #fake;
+                }
+                #block
+            }
+        }
     };
     let engine_ref = if args.http {
         quote!(&#engine)
@@ -195,10 +218,38 @@ pub(crate) fn wrapper(args: &Args, function: &syn::ItemFn, analysis: Analysis) -
                 stored
             )),
         )
+    } else if let Some(success) = success {
+        // Every obligation on `T` must land on one span, or rustc reports it
+        // once per span: the path, the call and the `.await` (which names the
+        // trait again) are all spanned on `T`'s first token, and so is `T`
+        // itself, re-spanned, so that `Vec<Receipt>` is one span too.
+        let span = type_span(success);
+        let success = respan(success, span);
+        // `E` goes through `<E as CheckedError>::Checked`, spanned on `E`: an
+        // `E` without `ErrorOutcome` gets an error there (and, as `Stores`
+        // needs it too, a second one on `T`).
+        let error = result_error(&user_ret).map_or_else(
+            || quote!(_),
+            |error| quote_spanned!(type_span(error)=> <#error as ::idem::__private::CheckedError>::Checked),
+        );
+        let stores = quote_spanned!(span=> <#success as ::idem::__private::Stores<#error>>);
+        (
+            quote_spanned!(span=> #stores::complete(#guard, #value).await),
+            quote_spanned!(span=> #stores::replayed(stored)),
+        )
+    } else if !mentions_impl(&user_ret) {
+        // Any other `Outcome` (an alias, a hand-written impl): through
+        // `<O as Completes>`, on one span, as for `Stores` above.
+        let outcome = respan(&user_ret, ret_span);
+        let completes = quote_spanned!(ret_span=> <#outcome as ::idem::__private::Completes>);
+        (
+            quote_spanned!(ret_span=> #completes::complete(#guard, #value).await),
+            quote_spanned!(ret_span=> #completes::replayed(stored)),
+        )
     } else {
         (
-            quote_spanned!(success_span=> #guard.complete(#value).await),
-            quote_spanned!(success_span=> ::idem::__private::replayed::<#user_ret>(stored)),
+            quote!(#guard.complete(#value).await),
+            quote!(::idem::__private::replayed(stored)),
         )
     };
     let run = quote! {
@@ -219,9 +270,17 @@ pub(crate) fn wrapper(args: &Args, function: &syn::ItemFn, analysis: Analysis) -
         }
     };
     let finish = if args.http {
+        // One `idem.request` span per request (scope, step, key tag), whose
+        // outcome `respond` records.
         quote! {
-            let #result = #run;
-            ::idem::__private::http::respond(#result)
+            ::idem::__private::Instrument::instrument(
+                async {
+                    let #result = #run;
+                    ::idem::__private::http::respond(#result)
+                },
+                ::idem::__private::http::operation_span(&#op),
+            )
+            .await
         }
     } else {
         run
@@ -240,9 +299,8 @@ pub(crate) fn wrapper(args: &Args, function: &syn::ItemFn, analysis: Analysis) -
         #(#attrs)*
         #vis #constness async #unsafety #abi fn #ident #generics(#(#inputs),*) -> #output #where_clause {
             #registration
-            #checks
             let #step: &'static str = #step_expr;
-            let #fingerprint = #fingerprint_fn(#step, &#request_name);
+            let #fingerprint = #fingerprint_call;
             let #key = ::idem::__private::key(&#key_name);
             #(#destructure)*
             let #op = ::idem::__private::Operation::with_fingerprint(
@@ -300,6 +358,32 @@ fn database_of(ty: &Type) -> TokenStream {
     quote_spanned!(connection.span()=> <#connection as ::idem::__private::ClaimConnection>::Database)
 }
 
+/// A type's tokens, all spanned on `span` (except `$crate`, which resolves by
+/// its span), so that the type as a whole covers exactly `span`.
+fn respan(ty: &Type, span: Span) -> TokenStream {
+    fn walk(tokens: TokenStream, span: Span) -> TokenStream {
+        tokens
+            .into_iter()
+            .map(|token| match token {
+                proc_macro2::TokenTree::Group(group) => {
+                    let mut new =
+                        proc_macro2::Group::new(group.delimiter(), walk(group.stream(), span));
+                    new.set_span(span);
+                    proc_macro2::TokenTree::Group(new)
+                }
+                proc_macro2::TokenTree::Ident(ident) if ident == "$crate" => {
+                    proc_macro2::TokenTree::Ident(ident)
+                }
+                mut other => {
+                    other.set_span(span);
+                    other
+                }
+            })
+            .collect()
+    }
+    walk(ty.to_token_stream(), span)
+}
+
 /// `T` in `Result<T, E>`, when the return type is spelled that way.
 fn result_success(ty: &Type) -> Option<&Type> {
     let Type::Path(path) = peel(ty) else {
@@ -314,6 +398,21 @@ fn result_success(ty: &Type) -> Option<&Type> {
     };
     match args.args.first()? {
         GenericArgument::Type(success) => Some(success),
+        _ => None,
+    }
+}
+
+/// `E` in `Result<T, E>`, when the return type is spelled that way (not an
+/// alias such as `Result<T>`).
+fn result_error(ty: &Type) -> Option<&Type> {
+    let Type::Path(path) = peel(ty) else {
+        return None;
+    };
+    let PathArguments::AngleBracketed(args) = &path.path.segments.last()?.arguments else {
+        return None;
+    };
+    match args.args.iter().nth(1)? {
+        GenericArgument::Type(error) if args.args.len() == 2 => Some(error),
         _ => None,
     }
 }

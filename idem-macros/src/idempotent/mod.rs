@@ -14,7 +14,7 @@ pub(crate) fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
         Ok(function) => function,
         Err(_) => {
             let error = syn::Error::new(
-                proc_macro2::Span::call_site(),
+                item_keyword(&item),
                 "`#[idempotent]` goes on an `async fn` (a free function, a method or an axum handler)",
             );
             let mut out = error.to_compile_error();
@@ -54,4 +54,24 @@ pub(crate) fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
             out
         }
     }
+}
+
+/// The span of the keyword that says what the item is (`struct`, `impl`, ...),
+/// past its attributes and visibility; the attribute itself if there is none.
+fn item_keyword(item: &TokenStream) -> proc_macro2::Span {
+    use proc_macro2::TokenTree;
+    let mut tokens = item.clone().into_iter().peekable();
+    while let Some(token) = tokens.next() {
+        match token {
+            // An outer attribute: `#` and its bracketed group.
+            TokenTree::Punct(punct) if punct.as_char() == '#' => {
+                tokens.next();
+            }
+            // `pub(crate)` and the like.
+            TokenTree::Group(_) => {}
+            TokenTree::Ident(ident) if ident == "pub" => {}
+            other => return other.span(),
+        }
+    }
+    proc_macro2::Span::call_site()
 }

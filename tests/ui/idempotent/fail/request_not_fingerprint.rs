@@ -11,7 +11,12 @@ struct Refund {
 }
 
 #[idempotent(scope = "tenant", step = "refund.v1")]
-async fn refund(tx: &mut SqliteConnection, tenant: String, key: IdempotencyKey, #[fingerprint] req: Refund) -> Result<i64, Problem> {
+async fn refund(
+    tx: &mut SqliteConnection,
+    tenant: String,
+    key: IdempotencyKey,
+    #[fingerprint] req: Refund,
+) -> Result<i64, Problem> {
     let _ = tx;
     Ok(req.amount)
 }

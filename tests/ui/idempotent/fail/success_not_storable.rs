@@ -11,7 +11,12 @@ struct Receipt {
 }
 
 #[idempotent(scope = "tenant", step = "charge.v1")]
-async fn charge(tx: &mut SqliteConnection, tenant: String, key: IdempotencyKey, #[fingerprint] req: Charge) -> Result<Receipt, Problem> {
+async fn charge(
+    tx: &mut SqliteConnection,
+    tenant: String,
+    key: IdempotencyKey,
+    #[fingerprint] req: Charge,
+) -> Result<Receipt, Problem> {
     let _ = tx;
     Ok(Receipt { id: req.amount })
 }

@@ -7,7 +7,13 @@ struct Charge {
 }
 
 #[idempotent(scope = "tenant", step = "charge.v1")]
-async fn charge(tx: &mut SqliteConnection, tenant: String, key: IdempotencyKey, #[fingerprint] req: Charge, #[fingerprint] again: Charge) -> Result<i64, Problem> {
+async fn charge(
+    tx: &mut SqliteConnection,
+    tenant: String,
+    key: IdempotencyKey,
+    #[fingerprint] req: Charge,
+    #[fingerprint] again: Charge,
+) -> Result<i64, Problem> {
     let _ = tx;
     Ok(req.amount + again.amount)
 }

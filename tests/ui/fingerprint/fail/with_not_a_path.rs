@@ -1,0 +1,9 @@
+use idem::Fingerprint;
+
+#[derive(Fingerprint)]
+struct Charge {
+    #[fingerprint(with = "lowercase")]
+    email: String,
+}
+
+fn main() {}

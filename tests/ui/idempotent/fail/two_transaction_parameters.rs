@@ -1,0 +1,21 @@
+use idem::sqlx::SqliteConnection;
+use idem::{idempotent, Fingerprint, IdempotencyKey, Problem};
+
+#[derive(Fingerprint)]
+struct Charge {
+    amount: i64,
+}
+
+#[idempotent(scope = "tenant", step = "charge.v1")]
+async fn charge(
+    tx: &mut SqliteConnection,
+    other: &mut SqliteConnection,
+    tenant: String,
+    key: IdempotencyKey,
+    #[fingerprint] req: Charge,
+) -> Result<i64, Problem> {
+    let _ = (tx, other);
+    Ok(req.amount)
+}
+
+fn main() {}

@@ -1,0 +1,5 @@
+idem::steps! {
+    pub CHARGE = "charge.v1";
+}
+
+fn main() {}
