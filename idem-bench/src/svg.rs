@@ -55,9 +55,10 @@ pub fn chart(r: &Report) -> String {
     // axis stops at 5x so the gap between the writes stays visible, and taller
     // bars are cut with their value printed.
     let top = (max * 1.1).ceil().clamp(1.0, 5.0);
-    let (w, h, left, bottom, topm) = (980.0, 420.0, 60.0, 70.0, 50.0);
+    // The right margin holds the target lines' labels.
+    let (w, h, left, right, bottom, topm) = (1080.0, 420.0, 60.0, 120.0, 70.0, 50.0);
     let plot_h = h - bottom - topm;
-    let group_w = (w - left - 20.0) / groups.len().max(1) as f64;
+    let group_w = (w - left - right) / groups.len().max(1) as f64;
     let bar_w = (group_w - 16.0) / COLORS.len() as f64;
     let y = |v: f64| topm + plot_h * (1.0 - v / top);
     let mut s = String::new();
@@ -68,8 +69,10 @@ pub fn chart(r: &Report) -> String {
     let _ = writeln!(s, r#"<rect width="100%" height="100%" fill="white"/>"#);
     let _ = writeln!(
         s,
-        r#"<text x="{left}" y="22" font-size="15" font-weight="bold">Throughput relative to the unprotected write (higher is better; {} cores, medians of {} rounds)</text>"#,
-        r.cores, r.rounds
+        r#"<text x="{left}" y="22" font-size="15" font-weight="bold">Throughput relative to the unprotected write (higher is better; {} cores, medians of {} round{})</text>"#,
+        r.cores,
+        r.rounds,
+        if r.rounds == 1 { "" } else { "s" }
     );
     let mut tick = 0.0;
     while tick <= top + 1e-9 {
@@ -77,7 +80,7 @@ pub fn chart(r: &Report) -> String {
         let _ = writeln!(
             s,
             r##"<line x1="{left}" x2="{}" y1="{ty:.1}" y2="{ty:.1}" stroke="#e0e0e0"/>"##,
-            w - 20.0
+            w - right
         );
         let _ = writeln!(
             s,
@@ -93,13 +96,13 @@ pub fn chart(r: &Report) -> String {
             let _ = writeln!(
                 s,
                 r##"<line x1="{left}" x2="{}" y1="{ty:.1}" y2="{ty:.1}" stroke="#c62828" stroke-dasharray="5,4"/>"##,
-                w - 20.0
+                w - right
             );
             let _ = writeln!(
                 s,
-                r##"<text x="{}" y="{:.1}" fill="#c62828" text-anchor="end">{label}</text>"##,
-                w - 22.0,
-                ty - 3.0
+                r##"<text x="{}" y="{:.1}" fill="#c62828">{label}</text>"##,
+                w - right + 4.0,
+                ty + 4.0
             );
         }
     }
