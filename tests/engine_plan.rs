@@ -446,6 +446,22 @@ macro_rules! engine_plan {
                 assert_eq!(h.payments().await, 1);
             }
 
+            /// Keys and scopes holding quotes, backslashes, semicolons and
+            /// non-ASCII text round-trip exactly (some statements carry them
+            /// as hex literals).
+            #[tokio::test]
+            async fn awkward_keys_and_scopes_round_trip() {
+                let h = harness(Policy::default()).await;
+                let key = r#"a'b"c\d;--e$$f%g"#;
+                let tenant = "tenant 'ü' \\ ; DROP TABLE payments; --";
+                let first = charge(&h, &operation(tenant, key, 7), 7).await.unwrap();
+                let again = charge(&h, &operation(tenant, key, 7), 7).await.unwrap();
+                assert_eq!((first.via, again.via), (Via::Executed, Via::Replayed));
+                assert_eq!(again.value, Ok(7));
+                assert!(matches!(charge(&h, &operation(tenant, key, 8), 8).await, Err(IdemError::Mismatch)));
+                assert_eq!(h.payments().await, 1);
+            }
+
             #[tokio::test]
             async fn scopes_never_see_each_others_records() {
                 let h = harness(Policy::default()).await;
