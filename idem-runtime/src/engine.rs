@@ -220,13 +220,6 @@ impl<DB: Backend> Engine<DB> {
     /// that do their work in straight-line code rather than a closure.
     pub async fn claim(&self, op: &Operation) -> Result<Claim<DB>, IdemError> {
         let policy = op.policy.unwrap_or(self.policy);
-        // No live record (the common case): lock and transaction in one round trip.
-        match DB::claim_fresh(&self.pool, op, &policy).await {
-            Ok(Some(tx)) => return self.start_work(tx, op, policy, Via::Executed, None).await,
-            Ok(None) => {}
-            Err(error) if DB::is_lock_busy(&error) => return Err(in_progress_unknown()),
-            Err(error) => return self.store_down(op, &policy, error).await,
-        }
         if DB::READ_BEFORE_LOCK {
             match DB::lookup_unlocked(&self.pool, op).await {
                 Ok(record) => match decide(record, op) {
@@ -248,7 +241,7 @@ impl<DB: Backend> Engine<DB> {
             }
             None => None,
         };
-        let (tx, record) = match DB::lock_and_read(&self.pool, op, &policy).await {
+        let (mut tx, record) = match DB::lock_and_read(&self.pool, op, &policy).await {
             Ok(claimed) => claimed,
             Err(error) if DB::is_lock_busy(&error) => return Err(in_progress_unknown()),
             Err(error) => return self.store_down(op, &policy, error).await,
@@ -258,19 +251,6 @@ impl<DB: Backend> Engine<DB> {
             Decision::Replay(stored) => return Ok(Claim::Replay(stored)),
             Decision::Refuse(error) => return Err(error),
         };
-        self.start_work(tx, op, policy, via, permit).await
-    }
-
-    /// Hands out the guard for a claim this attempt owns; a durable claim
-    /// first commits its `in_progress` record.
-    async fn start_work(
-        &self,
-        mut tx: Transaction<'static, DB>,
-        op: &Operation,
-        policy: Policy,
-        via: Via,
-        permit: Option<OwnedSemaphorePermit>,
-    ) -> Result<Claim<DB>, IdemError> {
         let mut token = None;
         if policy.claim_mode == ClaimMode::Durable {
             // Commit the in_progress row before opening the work's transaction:
@@ -292,7 +272,7 @@ impl<DB: Backend> Engine<DB> {
             };
             token = Some(claimed);
         }
-        Ok(Claim::Execute(ClaimGuard {
+        let guard = ClaimGuard {
             tx,
             op: op.clone(),
             policy,
@@ -302,7 +282,8 @@ impl<DB: Backend> Engine<DB> {
             // A durable claim has committed its record and no longer holds the
             // write lock while the work runs; a transactional one holds both.
             permit: if token.is_none() { permit } else { None },
-        }))
+        };
+        Ok(Claim::Execute(guard))
     }
 
     async fn store_down(
@@ -449,11 +430,9 @@ impl<DB: Backend> ClaimGuard<DB> {
         let written = match (via, token) {
             (Via::FailedOpen, _) => Ok(true),
             (_, Some(token)) => DB::complete_claim(&mut tx, &op, token, &response, &policy).await,
-            (_, None) => {
-                return DB::commit_completed(tx, &op, &response, &policy)
-                    .await
-                    .map_err(|error| unavailable(&policy, error));
-            }
+            (_, None) => DB::write_completed(&mut tx, &op, &response, &policy)
+                .await
+                .map(|()| true),
         };
         match written {
             Ok(true) => tx

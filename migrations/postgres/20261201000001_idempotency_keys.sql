@@ -43,25 +43,3 @@ BEGIN
          WHERE k.scope = p_scope AND k.key = p_key;
 END
 $$;
-
--- The fast claim, sent as `SELECT idem_claim_fresh(...); BEGIN` in one round
--- trip: wait (at most p_wait_ms) for the key's advisory lock, and raise
--- IDM01 if the key has a live record. Both run in the message's implicit
--- transaction block, which the trailing BEGIN turns into the claim's
--- transaction, lock included. On any error the block ends and nothing is left
--- open; the caller then reads the record and decides.
-CREATE OR REPLACE FUNCTION idem_claim_fresh(p_lock bigint, p_wait_ms int, p_scope text, p_key text)
-RETURNS void
-LANGUAGE plpgsql VOLATILE AS $$
-DECLARE
-    previous_timeout text := current_setting('lock_timeout');
-BEGIN
-    PERFORM set_config('lock_timeout', p_wait_ms::text, true);
-    PERFORM pg_advisory_xact_lock(p_lock);
-    PERFORM set_config('lock_timeout', previous_timeout, true);
-    IF EXISTS (SELECT 1 FROM idempotency_keys k
-                WHERE k.scope = p_scope AND k.key = p_key AND k.expires_at > statement_timestamp()) THEN
-        RAISE EXCEPTION 'idem: the key has a live record' USING ERRCODE = 'IDM01';
-    END IF;
-END
-$$;

@@ -69,17 +69,6 @@ pub trait Backend: sqlx::Database + Sized {
     #[doc(hidden)]
     fn migrator() -> &'static sqlx::migrate::Migrator;
 
-    /// The fast claim for a key without a live record: takes the key's lock
-    /// and opens the claim's transaction in one round trip. `Ok(None)` when
-    /// the key has a live record (or the backend has no such shortcut): the
-    /// engine then reads the record and decides.
-    #[doc(hidden)]
-    fn claim_fresh<'a>(
-        pool: &'a Pool<Self>,
-        op: &'a Operation,
-        policy: &'a Policy,
-    ) -> impl Future<Output = Result<Option<Transaction<'static, Self>>, sqlx::Error>> + Send + 'a;
-
     /// Opens the claim's transaction, takes the key's lock (waiting at most
     /// `policy.wait_timeout`) and reads the record under it.
     #[doc(hidden)]
@@ -102,16 +91,6 @@ pub trait Backend: sqlx::Database + Sized {
     #[doc(hidden)]
     fn write_completed<'a>(
         conn: &'a mut Self::Connection,
-        op: &'a Operation,
-        response: &'a StoredResponse,
-        policy: &'a Policy,
-    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'a;
-
-    /// Writes the completed record and commits the claim's transaction, in as
-    /// few round trips as the backend allows.
-    #[doc(hidden)]
-    fn commit_completed<'a>(
-        tx: Transaction<'static, Self>,
         op: &'a Operation,
         response: &'a StoredResponse,
         policy: &'a Policy,

@@ -20,7 +20,7 @@
 use std::time::Duration;
 
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgRow};
-use sqlx::{Executor, PgConnection, PgPool, Pool, Postgres, Row, Transaction};
+use sqlx::{PgConnection, PgPool, Pool, Postgres, Row, Transaction};
 
 use super::{millis, response_from_columns, Backend, Record, RecordStatus};
 use crate::operation::Operation;
@@ -106,82 +106,11 @@ const COMPLETE_CLAIM: &str =
        expires_at = now() + $7 * interval '1 millisecond' \
      WHERE scope = $1 AND key = $2 AND claim_token = $3 AND status = 'in_progress'";
 
-/// The lock wait bound in milliseconds, as the SQL functions take it.
-fn wait_ms(policy: &Policy) -> i32 {
-    i32::try_from(millis(policy.wait_timeout)).unwrap_or(i32::MAX).max(1)
-}
-
-/// A text value for simple-protocol SQL, from hex digits only: nothing the
-/// value holds can reach the parser.
-fn text_literal(text: &str) -> String {
-    format!("convert_from({}, 'UTF8')", bytea_literal(text.as_bytes()))
-}
-
-/// A bytea value for simple-protocol SQL, from hex digits only.
-fn bytea_literal(bytes: &[u8]) -> String {
-    format!("decode('{}', 'hex')", crate::hex::encode(bytes))
-}
-
 impl Backend for Postgres {
     const READ_BEFORE_LOCK: bool = true;
 
     fn migrator() -> &'static sqlx::migrate::Migrator {
         &MIGRATOR
-    }
-
-    async fn claim_fresh<'a>(
-        pool: &'a Pool<Self>,
-        op: &'a Operation,
-        policy: &'a Policy,
-    ) -> Result<Option<Transaction<'static, Self>>, sqlx::Error> {
-        // Simple-protocol text: every value is a formatted integer or hex.
-        let claim = format!(
-            "SELECT idem_claim_fresh({lock}, {wait}, {scope}, {key}); BEGIN",
-            lock = op.lock_id(),
-            wait = wait_ms(policy),
-            scope = text_literal(op.scope.as_stored()),
-            key = text_literal(op.key.as_str()),
-        );
-        match pool.begin_with(claim).await {
-            Ok(tx) => Ok(Some(tx)),
-            Err(sqlx::Error::Database(error)) if error.code().as_deref() == Some("IDM01") => Ok(None),
-            Err(error) => Err(error),
-        }
-    }
-
-    async fn commit_completed<'a>(
-        mut tx: Transaction<'static, Self>,
-        op: &'a Operation,
-        response: &'a StoredResponse,
-        policy: &'a Policy,
-    ) -> Result<(), sqlx::Error> {
-        // The record, COMMIT, and an empty BEGIN that the dropped handle rolls
-        // back when the connection goes back to the pool (sqlx flushes it with
-        // the release check): one round trip instead of two.
-        let record_and_commit = format!(
-            "INSERT INTO idempotency_keys AS k \
-             (scope, key, step, fingerprint, status, response_status, response_content_type, response_body, \
-              claim_token, created_at, locked_until, expires_at) \
-             VALUES ({scope}, {key}, {step}, {fingerprint}, 'completed', {status}, {content_type}, {body}, \
-                     NULL, now(), now(), now() + {retention} * interval '1 millisecond') \
-             ON CONFLICT (scope, key) DO UPDATE SET step = EXCLUDED.step, fingerprint = EXCLUDED.fingerprint, \
-               status = 'completed', response_status = EXCLUDED.response_status, \
-               response_content_type = EXCLUDED.response_content_type, response_body = EXCLUDED.response_body, \
-               claim_token = NULL, created_at = EXCLUDED.created_at, locked_until = EXCLUDED.locked_until, \
-               expires_at = EXCLUDED.expires_at; \
-             COMMIT; BEGIN",
-            scope = text_literal(op.scope.as_stored()),
-            key = text_literal(op.key.as_str()),
-            step = text_literal(op.step),
-            fingerprint = bytea_literal(&op.fingerprint.0),
-            status = response.status,
-            content_type = text_literal(&response.content_type),
-            body = bytea_literal(&response.body),
-            retention = millis(policy.retention),
-        );
-        let conn: &mut PgConnection = &mut tx;
-        conn.execute(record_and_commit.as_str()).await?;
-        Ok(())
     }
 
     async fn lock_and_read<'a>(
@@ -192,7 +121,11 @@ impl Backend for Postgres {
         let mut tx = pool.begin().await?;
         let row = sqlx::query("SELECT * FROM idem_lock_and_read($1, $2, $3, $4)")
             .bind(op.lock_id())
-            .bind(wait_ms(policy))
+            .bind(
+                i32::try_from(millis(policy.wait_timeout))
+                    .unwrap_or(i32::MAX)
+                    .max(1),
+            )
             .bind(op.scope.as_stored())
             .bind(op.key.as_str())
             .fetch_optional(&mut *tx)

@@ -134,25 +134,6 @@ impl Backend for Sqlite {
         &MIGRATOR
     }
 
-    async fn claim_fresh<'a>(
-        _pool: &'a Pool<Self>,
-        _op: &'a Operation,
-        _policy: &'a Policy,
-    ) -> Result<Option<Transaction<'static, Self>>, sqlx::Error> {
-        // In-process calls cost nothing to save: read first, then lock.
-        Ok(None)
-    }
-
-    async fn commit_completed<'a>(
-        mut tx: Transaction<'static, Self>,
-        op: &'a Operation,
-        response: &'a StoredResponse,
-        policy: &'a Policy,
-    ) -> Result<(), sqlx::Error> {
-        Self::write_completed(&mut tx, op, response, policy).await?;
-        tx.commit().await
-    }
-
     async fn lock_and_read<'a>(
         pool: &'a Pool<Self>,
         op: &'a Operation,
