@@ -458,7 +458,10 @@ macro_rules! engine_plan {
                 let again = charge(&h, &operation(tenant, key, 7), 7).await.unwrap();
                 assert_eq!((first.via, again.via), (Via::Executed, Via::Replayed));
                 assert_eq!(again.value, Ok(7));
-                assert!(matches!(charge(&h, &operation(tenant, key, 8), 8).await, Err(IdemError::Mismatch)));
+                assert!(matches!(
+                    charge(&h, &operation(tenant, key, 8), 8).await,
+                    Err(IdemError::Mismatch)
+                ));
                 assert_eq!(h.payments().await, 1);
             }
 
