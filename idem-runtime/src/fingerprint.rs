@@ -651,3 +651,32 @@ mod struct_encoding_tests {
         }
     }
 }
+
+#[cfg(test)]
+mod known_answer {
+    use super::*;
+
+    /// Pins the v1 encoding: a change here changes every stored fingerprint.
+    #[test]
+    fn known_answer() {
+        let long = "x".repeat(300);
+        let map: BTreeMap<String, i64> = [("a".to_string(), 1), ("b".to_string(), -2)]
+            .into_iter()
+            .collect();
+        let value = (
+            "EUR",
+            2500i64,
+            Some(vec![1u8, 2]),
+            long,
+            map,
+            1.5f64,
+            'z',
+            true,
+        );
+        let hash = fingerprint("charge-card.v1", &value);
+        assert_eq!(
+            crate::hex::encode(&hash.0),
+            "4bdcdea895cb6a00f7c7434976229a5967fad2a0abf05b4fa9fc45beb8a90778"
+        );
+    }
+}
