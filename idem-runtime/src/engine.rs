@@ -8,6 +8,7 @@ use std::time::Duration;
 use sqlx::{Pool, Transaction};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
+use crate::__private::{timed_out, within};
 use crate::error::{whole_seconds, IdemError};
 use crate::operation::Operation;
 use crate::outcome::{Disposition, Outcome, StoredResponse};
@@ -199,19 +200,11 @@ impl<DB: Backend> Engine<DB> {
         match self.claim(op).await? {
             Claim::Replay(stored) => Claim::<DB>::replayed(stored),
             Claim::Execute(mut guard) => {
-                let limit = guard.policy.work_timeout;
-                let work = work(guard.connection());
-                let value = match limit {
-                    None => work.await,
-                    Some(limit) => match tokio::time::timeout(limit, work).await {
-                        Ok(value) => value,
-                        Err(_) => {
-                            guard.finish(Disposition::Discard).await?;
-                            return Err(IdemError::TimedOut { limit });
-                        }
-                    },
-                };
-                guard.complete(value).await
+                let limit = guard.work_timeout();
+                match within(limit, work(guard.connection())).await {
+                    Some(value) => guard.complete(value).await,
+                    None => timed_out(guard).await,
+                }
             }
         }
     }
@@ -220,15 +213,14 @@ impl<DB: Backend> Engine<DB> {
     /// that do their work in straight-line code rather than a closure.
     pub async fn claim(&self, op: &Operation) -> Result<Claim<DB>, IdemError> {
         let policy = op.policy.unwrap_or(self.policy);
-        if DB::READ_BEFORE_LOCK {
-            match DB::lookup_unlocked(&self.pool, op).await {
-                Ok(record) => match decide(record, op) {
-                    Decision::Execute(_) => {}
-                    Decision::Replay(stored) => return Ok(Claim::Replay(stored)),
-                    Decision::Refuse(error) => return Err(error),
-                },
-                Err(error) => return self.store_down(op, &policy, error).await,
-            }
+        // A repeat is a read: answered without a lock or a transaction.
+        match DB::lookup_unlocked(&self.pool, op).await {
+            Ok(record) => match decide(record, op) {
+                Decision::Execute(_) => {}
+                Decision::Replay(stored) => return Ok(Claim::Replay(stored)),
+                Decision::Refuse(error) => return Err(error),
+            },
+            Err(error) => return self.store_down(op, &policy, error).await,
         }
         let permit = match &self.write_gate {
             Some(gate) => {

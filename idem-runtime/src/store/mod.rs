@@ -54,12 +54,6 @@ pub struct Record {
 /// A database idem can keep key records in. Implemented for [`sqlx::Sqlite`]
 /// and [`sqlx::Postgres`]; the methods are the engine's, not an application's.
 pub trait Backend: sqlx::Database + Sized {
-    /// Whether a claim first reads the record without any lock, so replays and
-    /// conflicts are one read and never wait for a lock (both backends: a
-    /// repeat is a read, not a write).
-    #[doc(hidden)]
-    const READ_BEFORE_LOCK: bool;
-
     /// Whether the write lock is database-wide, so an engine queues its own
     /// claims in process before asking for it (SQLite).
     #[doc(hidden)]
@@ -80,7 +74,8 @@ pub trait Backend: sqlx::Database + Sized {
            + Send
            + 'a;
 
-    /// Reads the record outside any transaction (used when [`Backend::READ_BEFORE_LOCK`]).
+    /// Reads the record outside any transaction: every claim starts with this
+    /// read, so replays and conflicts never take a lock or open a transaction.
     #[doc(hidden)]
     fn lookup_unlocked<'a>(
         pool: &'a Pool<Self>,

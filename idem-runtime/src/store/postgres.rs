@@ -107,8 +107,6 @@ const COMPLETE_CLAIM: &str =
      WHERE scope = $1 AND key = $2 AND claim_token = $3 AND status = 'in_progress'";
 
 impl Backend for Postgres {
-    const READ_BEFORE_LOCK: bool = true;
-
     fn migrator() -> &'static sqlx::migrate::Migrator {
         &MIGRATOR
     }

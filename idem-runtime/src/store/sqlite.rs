@@ -127,7 +127,6 @@ const COMPLETE_CLAIM: &str = "UPDATE idempotency_keys SET status = 'completed', 
      WHERE scope = ?1 AND key = ?2 AND claim_token = ?3 AND status = 'in_progress'";
 
 impl Backend for Sqlite {
-    const READ_BEFORE_LOCK: bool = true;
     const SERIALIZE_WRITERS: bool = true;
 
     fn migrator() -> &'static sqlx::migrate::Migrator {
