@@ -196,10 +196,7 @@ pub fn fingerprint_with<T: ?Sized>(
 pub fn replayed<O: Outcome>(
     stored: crate::outcome::StoredResponse,
 ) -> Result<Completed<O>, IdemError> {
-    Ok(Completed {
-        value: O::from_stored(stored)?,
-        via: crate::engine::Via::Replayed,
-    })
+    Completed::replayed(stored)
 }
 
 #[cfg(feature = "axum")]

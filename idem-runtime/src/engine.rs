@@ -49,6 +49,16 @@ pub struct Completed<O> {
     pub via: Via,
 }
 
+impl<O: Outcome> Completed<O> {
+    /// A stored response decoded into the operation's outcome type, as a replay.
+    pub fn replayed(stored: StoredResponse) -> Result<Self, IdemError> {
+        Ok(Completed {
+            value: O::from_stored(stored)?,
+            via: Via::Replayed,
+        })
+    }
+}
+
 /// Counters an operator watches.
 #[derive(Debug, Default)]
 struct Counters {
@@ -125,10 +135,7 @@ pub enum Claim<DB: Backend> {
 impl<DB: Backend> Claim<DB> {
     /// Decodes a replayed response into the operation's outcome type.
     pub fn replayed<O: Outcome>(stored: StoredResponse) -> Result<Completed<O>, IdemError> {
-        Ok(Completed {
-            value: O::from_stored(stored)?,
-            via: Via::Replayed,
-        })
+        Completed::replayed(stored)
     }
 }
 
