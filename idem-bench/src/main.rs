@@ -67,6 +67,7 @@ fn parse_args() -> Result<Config, String> {
         only: None,
     };
     let mut growth = false;
+    let mut growth_sizes = vec![0, 1_000_000, 5_000_000];
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         let mut value = |name: &str| args.next().ok_or(format!("{name} needs a value"));
@@ -87,6 +88,12 @@ fn parse_args() -> Result<Config, String> {
                 cfg.storm_keys = 10;
             }
             "--growth" => growth = true,
+            "--growth-sizes" => {
+                growth_sizes = value("--growth-sizes")?
+                    .split(',')
+                    .map(|n| n.trim().parse().map_err(|e| format!("--growth-sizes: {e}")))
+                    .collect::<Result<_, _>>()?
+            }
             "--rounds" => {
                 cfg.rounds = value("--rounds")?
                     .parse()
@@ -106,7 +113,7 @@ fn parse_args() -> Result<Config, String> {
             "--bench" => {} // passed by `cargo bench`
             "-h" | "--help" => {
                 println!(
-                    "idem-bench [--smoke | --quick] [--rounds N] [--ops N] [--growth] [--out FILE.json] [--svg FILE.svg] [--md FILE.md]"
+                    "idem-bench [--smoke | --quick] [--rounds N] [--ops N] [--growth [--growth-sizes 0,1000000,5000000]] [--out FILE.json] [--svg FILE.svg] [--md FILE.md]"
                 );
                 std::process::exit(0);
             }
@@ -114,11 +121,7 @@ fn parse_args() -> Result<Config, String> {
         }
     }
     if growth && cfg.mode != "smoke" {
-        cfg.growth = Some((
-            vec![0, 1_000_000, 5_000_000],
-            1_000_000,
-            Duration::from_secs(60),
-        ));
+        cfg.growth = Some((growth_sizes, 1_000_000, Duration::from_secs(60)));
     }
     Ok(cfg)
 }

@@ -220,8 +220,12 @@ impl<DB: Backend> Engine<DB> {
     /// that do their work in straight-line code rather than a closure.
     pub async fn claim(&self, op: &Operation) -> Result<Claim<DB>, IdemError> {
         let policy = op.policy.unwrap_or(self.policy);
+        let mut conn = match self.pool.acquire().await {
+            Ok(conn) => conn,
+            Err(error) => return self.store_down(op, &policy, error).await,
+        };
         // A repeat is a read: answered without a lock or a transaction.
-        match DB::lookup_unlocked(&self.pool, op).await {
+        match DB::lookup_unlocked(&mut conn, op).await {
             Ok(record) => match decide(record, op) {
                 Decision::Execute(_) => {}
                 Decision::Replay(stored) => return Ok(Claim::Replay(stored)),
@@ -231,20 +235,32 @@ impl<DB: Backend> Engine<DB> {
         }
         let permit = match &self.write_gate {
             Some(gate) => {
-                match tokio::time::timeout(policy.wait_timeout, gate.clone().acquire_owned()).await
-                {
-                    Ok(Ok(permit)) => Some(permit),
-                    Ok(Err(_closed)) => None,
-                    Err(_elapsed) => return Err(in_progress_unknown()),
-                }
+                // Queue without holding a connection: a storm of duplicates
+                // must not drain the pool while it waits.
+                drop(conn);
+                let permit =
+                    match tokio::time::timeout(policy.wait_timeout, gate.clone().acquire_owned())
+                        .await
+                    {
+                        Ok(Ok(permit)) => Some(permit),
+                        Ok(Err(_closed)) => None,
+                        Err(_elapsed) => return Err(in_progress_unknown()),
+                    };
+                conn = match self.pool.acquire().await {
+                    Ok(conn) => conn,
+                    Err(error) => return self.store_down(op, &policy, error).await,
+                };
+                permit
             }
             None => None,
         };
-        let (mut tx, record) = match DB::lock_and_read(&self.pool, op, &policy).await {
+        let (mut tx, record) = match DB::lock_and_read(&self.pool, conn, op, &policy).await {
             Ok(claimed) => claimed,
             Err(error) if DB::is_lock_busy(&error) => return Err(in_progress_unknown()),
             Err(error) => return self.store_down(op, &policy, error).await,
         };
+        // A key with no record at all gets a plain insert of its completed record.
+        let replaces = record.is_some();
         let via = match decide(record, op) {
             Decision::Execute(via) => via,
             Decision::Replay(stored) => return Ok(Claim::Replay(stored)),
@@ -276,6 +292,7 @@ impl<DB: Backend> Engine<DB> {
             op: op.clone(),
             policy,
             via,
+            replaces,
             token,
             pool: self.pool.clone(),
             // A durable claim has committed its record and no longer holds the
@@ -308,6 +325,7 @@ impl<DB: Backend> Engine<DB> {
                 op: op.clone(),
                 policy: *policy,
                 via: Via::FailedOpen,
+                replaces: true,
                 token: None,
                 pool: self.pool.clone(),
                 permit: None,
@@ -368,6 +386,8 @@ pub struct ClaimGuard<DB: Backend> {
     op: Operation,
     policy: Policy,
     via: Via,
+    /// Whether the completed record replaces one the claim found (expired or taken over).
+    replaces: bool,
     token: Option<i64>,
     pool: Pool<DB>,
     /// This engine's write gate, held until commit or rollback.
@@ -410,6 +430,7 @@ impl<DB: Backend> ClaimGuard<DB> {
             op,
             policy,
             via,
+            replaces,
             token,
             pool,
             permit: _permit,
@@ -429,7 +450,7 @@ impl<DB: Backend> ClaimGuard<DB> {
         let written = match (via, token) {
             (Via::FailedOpen, _) => Ok(true),
             (_, Some(token)) => DB::complete_claim(&mut tx, &op, token, &response, &policy).await,
-            (_, None) => DB::write_completed(&mut tx, &op, &response, &policy)
+            (_, None) => DB::write_completed(&mut tx, &op, &response, &policy, replaces)
                 .await
                 .map(|()| true),
         };

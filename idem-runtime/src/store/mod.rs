@@ -6,6 +6,7 @@
 use std::future::Future;
 use std::time::Duration;
 
+use sqlx::pool::PoolConnection;
 use sqlx::{Pool, Transaction};
 
 use crate::operation::Operation;
@@ -63,11 +64,13 @@ pub trait Backend: sqlx::Database + Sized {
     #[doc(hidden)]
     fn migrator() -> &'static sqlx::migrate::Migrator;
 
-    /// Opens the claim's transaction, takes the key's lock (waiting at most
-    /// `policy.wait_timeout`) and reads the record under it.
+    /// Opens the claim's transaction on `conn`, takes the key's lock (waiting
+    /// at most `policy.wait_timeout`) and reads the record under it. `pool`
+    /// supplies another connection if the backend must start over.
     #[doc(hidden)]
     fn lock_and_read<'a>(
         pool: &'a Pool<Self>,
+        conn: PoolConnection<Self>,
         op: &'a Operation,
         policy: &'a Policy,
     ) -> impl Future<Output = Result<(Transaction<'static, Self>, Option<Record>), sqlx::Error>>
@@ -78,17 +81,19 @@ pub trait Backend: sqlx::Database + Sized {
     /// read, so replays and conflicts never take a lock or open a transaction.
     #[doc(hidden)]
     fn lookup_unlocked<'a>(
-        pool: &'a Pool<Self>,
+        conn: &'a mut Self::Connection,
         op: &'a Operation,
     ) -> impl Future<Output = Result<Option<Record>, sqlx::Error>> + Send + 'a;
 
-    /// Writes the completed record, replacing an expired or taken-over one.
+    /// Writes the completed record: a plain insert when the claim found no
+    /// record, an upsert when it replaces an expired or taken-over one.
     #[doc(hidden)]
     fn write_completed<'a>(
         conn: &'a mut Self::Connection,
         op: &'a Operation,
         response: &'a StoredResponse,
         policy: &'a Policy,
+        replace: bool,
     ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'a;
 
     /// Writes an `in_progress` record owned by `token` (durable claims).

@@ -19,6 +19,7 @@
 
 use std::time::Duration;
 
+use sqlx::pool::PoolConnection;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgRow};
 use sqlx::{PgConnection, PgPool, Pool, Postgres, Row, Transaction};
 
@@ -81,15 +82,29 @@ fn record(row: &PgRow) -> Result<Record, sqlx::Error> {
     })
 }
 
-const UPSERT_COMPLETED: &str = "INSERT INTO idempotency_keys AS k \
-     (scope, key, step, fingerprint, status, response_status, response_content_type, response_body, \
-      claim_token, created_at, locked_until, expires_at) \
-     VALUES ($1, $2, $3, $4, 'completed', $5, $6, $7, NULL, now(), now(), now() + $8 * interval '1 millisecond') \
+/// The completed record's insert, shared by the two statements below.
+macro_rules! insert_completed {
+    () => {
+        "INSERT INTO idempotency_keys \
+         (scope, key, step, fingerprint, status, response_status, response_content_type, response_body, \
+          claim_token, created_at, locked_until, expires_at) \
+         VALUES ($1, $2, $3, $4, 'completed', $5, $6, $7, NULL, now(), now(), now() + $8 * interval '1 millisecond')"
+    };
+}
+
+/// The completed record, for a claim that found none.
+const INSERT_COMPLETED: &str = insert_completed!();
+
+/// The completed record, replacing an expired or taken-over one.
+const UPSERT_COMPLETED: &str = concat!(
+    insert_completed!(),
+    " \
      ON CONFLICT (scope, key) DO UPDATE SET step = EXCLUDED.step, fingerprint = EXCLUDED.fingerprint, \
        status = 'completed', response_status = EXCLUDED.response_status, \
        response_content_type = EXCLUDED.response_content_type, response_body = EXCLUDED.response_body, \
        claim_token = NULL, created_at = EXCLUDED.created_at, locked_until = EXCLUDED.locked_until, \
-       expires_at = EXCLUDED.expires_at";
+       expires_at = EXCLUDED.expires_at"
+);
 
 const UPSERT_IN_PROGRESS: &str = "INSERT INTO idempotency_keys AS k \
      (scope, key, step, fingerprint, status, claim_token, created_at, locked_until, expires_at) \
@@ -112,11 +127,12 @@ impl Backend for Postgres {
     }
 
     async fn lock_and_read<'a>(
-        pool: &'a Pool<Self>,
+        _pool: &'a Pool<Self>,
+        conn: PoolConnection<Self>,
         op: &'a Operation,
         policy: &'a Policy,
     ) -> Result<(Transaction<'static, Self>, Option<Record>), sqlx::Error> {
-        let mut tx = pool.begin().await?;
+        let mut tx = Transaction::begin(conn, None).await?;
         let row = sqlx::query("SELECT * FROM idem_lock_and_read($1, $2, $3, $4)")
             .bind(op.lock_id())
             .bind(
@@ -133,13 +149,13 @@ impl Backend for Postgres {
     }
 
     async fn lookup_unlocked<'a>(
-        pool: &'a Pool<Self>,
+        conn: &'a mut PgConnection,
         op: &'a Operation,
     ) -> Result<Option<Record>, sqlx::Error> {
         let row = sqlx::query(SELECT_RECORD)
             .bind(op.scope.as_stored())
             .bind(op.key.as_str())
-            .fetch_optional(pool)
+            .fetch_optional(conn)
             .await?;
         row.as_ref().map(record).transpose()
     }
@@ -149,18 +165,23 @@ impl Backend for Postgres {
         op: &'a Operation,
         response: &'a StoredResponse,
         policy: &'a Policy,
+        replace: bool,
     ) -> Result<(), sqlx::Error> {
-        sqlx::query(UPSERT_COMPLETED)
-            .bind(op.scope.as_stored())
-            .bind(op.key.as_str())
-            .bind(op.step)
-            .bind(&op.fingerprint.0[..])
-            .bind(response.status as i16)
-            .bind(&response.content_type)
-            .bind(&response.body)
-            .bind(millis(policy.retention) as f64)
-            .execute(conn)
-            .await?;
+        sqlx::query(if replace {
+            UPSERT_COMPLETED
+        } else {
+            INSERT_COMPLETED
+        })
+        .bind(op.scope.as_stored())
+        .bind(op.key.as_str())
+        .bind(op.step)
+        .bind(&op.fingerprint.0[..])
+        .bind(response.status as i16)
+        .bind(&response.content_type)
+        .bind(&response.body)
+        .bind(millis(policy.retention) as f64)
+        .execute(conn)
+        .await?;
         Ok(())
     }
 

@@ -14,6 +14,7 @@ use std::path::Path;
 use std::str::FromStr;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use sqlx::pool::PoolConnection;
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteRow, SqliteSynchronous,
 };
@@ -104,15 +105,29 @@ fn record(row: &SqliteRow) -> Result<Record, sqlx::Error> {
     })
 }
 
-const UPSERT_COMPLETED: &str = "INSERT INTO idempotency_keys \
-     (scope, key, step, fingerprint, status, response_status, response_content_type, response_body, \
-      claim_token, created_at, locked_until, expires_at) \
-     VALUES (?1, ?2, ?3, ?4, 'completed', ?5, ?6, ?7, NULL, ?8, ?8, ?9) \
+/// The completed record's insert, shared by the two statements below.
+macro_rules! insert_completed {
+    () => {
+        "INSERT INTO idempotency_keys \
+         (scope, key, step, fingerprint, status, response_status, response_content_type, response_body, \
+          claim_token, created_at, locked_until, expires_at) \
+         VALUES (?1, ?2, ?3, ?4, 'completed', ?5, ?6, ?7, NULL, ?8, ?8, ?9)"
+    };
+}
+
+/// The completed record, for a claim that found none.
+const INSERT_COMPLETED: &str = insert_completed!();
+
+/// The completed record, replacing an expired or taken-over one.
+const UPSERT_COMPLETED: &str = concat!(
+    insert_completed!(),
+    " \
      ON CONFLICT (scope, key) DO UPDATE SET step = excluded.step, fingerprint = excluded.fingerprint, \
        status = 'completed', response_status = excluded.response_status, \
        response_content_type = excluded.response_content_type, response_body = excluded.response_body, \
        claim_token = NULL, created_at = excluded.created_at, locked_until = excluded.locked_until, \
-       expires_at = excluded.expires_at";
+       expires_at = excluded.expires_at"
+);
 
 const UPSERT_IN_PROGRESS: &str = "INSERT INTO idempotency_keys \
      (scope, key, step, fingerprint, status, claim_token, created_at, locked_until, expires_at) \
@@ -134,13 +149,14 @@ impl Backend for Sqlite {
     }
 
     async fn lock_and_read<'a>(
-        pool: &'a Pool<Self>,
+        _pool: &'a Pool<Self>,
+        conn: PoolConnection<Self>,
         op: &'a Operation,
         _policy: &'a Policy,
     ) -> Result<(Transaction<'static, Self>, Option<Record>), sqlx::Error> {
         // The write lock up front: a deferred transaction that upgrades later
         // can fail with SQLITE_BUSY_SNAPSHOT instead of waiting.
-        let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
+        let mut tx = Transaction::begin(conn, Some("BEGIN IMMEDIATE".into())).await?;
         let row = sqlx::query(SELECT_RECORD)
             .bind(op.scope.as_stored())
             .bind(op.key.as_str())
@@ -151,13 +167,13 @@ impl Backend for Sqlite {
     }
 
     async fn lookup_unlocked<'a>(
-        pool: &'a Pool<Self>,
+        conn: &'a mut SqliteConnection,
         op: &'a Operation,
     ) -> Result<Option<Record>, sqlx::Error> {
         let row = sqlx::query(SELECT_RECORD)
             .bind(op.scope.as_stored())
             .bind(op.key.as_str())
-            .fetch_optional(pool)
+            .fetch_optional(conn)
             .await?;
         row.as_ref().map(record).transpose()
     }
@@ -167,20 +183,25 @@ impl Backend for Sqlite {
         op: &'a Operation,
         response: &'a StoredResponse,
         policy: &'a Policy,
+        replace: bool,
     ) -> Result<(), sqlx::Error> {
         let now = now_ms();
-        sqlx::query(UPSERT_COMPLETED)
-            .bind(op.scope.as_stored())
-            .bind(op.key.as_str())
-            .bind(op.step)
-            .bind(&op.fingerprint.0[..])
-            .bind(i64::from(response.status))
-            .bind(&response.content_type)
-            .bind(&response.body)
-            .bind(now)
-            .bind(now.saturating_add(millis(policy.retention)))
-            .execute(conn)
-            .await?;
+        sqlx::query(if replace {
+            UPSERT_COMPLETED
+        } else {
+            INSERT_COMPLETED
+        })
+        .bind(op.scope.as_stored())
+        .bind(op.key.as_str())
+        .bind(op.step)
+        .bind(&op.fingerprint.0[..])
+        .bind(i64::from(response.status))
+        .bind(&response.content_type)
+        .bind(&response.body)
+        .bind(now)
+        .bind(now.saturating_add(millis(policy.retention)))
+        .execute(conn)
+        .await?;
         Ok(())
     }
 
