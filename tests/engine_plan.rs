@@ -66,6 +66,30 @@ macro_rules! engine_plan {
                 assert_eq!(h.payments().await, 1);
             }
 
+            /// A claim reads, locks and works on one connection: a pool of one
+            /// serves fresh keys, replays and mismatches without waiting on itself.
+            #[tokio::test]
+            async fn a_pool_of_one_connection_is_enough() {
+                use crate::support::TestBackend;
+                let h = harness(Policy::default()).await;
+                let policy = Policy {
+                    wait_timeout: Duration::from_secs(2),
+                    ..Policy::default()
+                };
+                let pool = <Db as TestBackend>::pool_of(&h.url, &policy, 1).await;
+                let single = h.with_engine(Engine::new(pool).with_policy(policy));
+                let op = operation("acme", "k-one", 700);
+                let first = charge(&single, &op, 700).await.unwrap();
+                let again = charge(&single, &op, 700).await.unwrap();
+                assert_eq!((first.via, again.via), (Via::Executed, Via::Replayed));
+                let other = operation("acme", "k-one", 701);
+                assert!(matches!(
+                    charge(&single, &other, 701).await,
+                    Err(IdemError::Mismatch)
+                ));
+                assert_eq!(single.payments().await, 1);
+            }
+
             /// Crash after commit, before the response is sent: the result is
             /// dropped on the floor; the retry gets the stored answer.
             #[tokio::test]

@@ -20,7 +20,15 @@ pub struct Harness<DB: TestBackend> {
 pub trait TestBackend: Backend {
     /// The module name the engine plan's tests live under.
     const MODULE: &'static str;
-    fn pool(url: &str, policy: &Policy) -> impl std::future::Future<Output = Pool<Self>> + Send;
+    fn pool(url: &str, policy: &Policy) -> impl std::future::Future<Output = Pool<Self>> + Send {
+        Self::pool_of(url, policy, 8)
+    }
+    /// A pool of exactly `connections` connections.
+    fn pool_of(
+        url: &str,
+        policy: &Policy,
+        connections: u32,
+    ) -> impl std::future::Future<Output = Pool<Self>> + Send;
     fn insert_payment<'c>(
         conn: &'c mut Self::Connection,
         tenant: &'c str,
@@ -38,9 +46,9 @@ macro_rules! test_backend {
     ($db:ty, $module:literal, $pool:expr) => {
         impl TestBackend for $db {
             const MODULE: &'static str = $module;
-            async fn pool(url: &str, policy: &Policy) -> Pool<Self> {
+            async fn pool_of(url: &str, policy: &Policy, connections: u32) -> Pool<Self> {
                 let connect = $pool;
-                connect(url, policy).await
+                connect(url, policy, connections).await
             }
             async fn insert_payment<'c>(
                 conn: &'c mut Self::Connection,
@@ -67,24 +75,32 @@ macro_rules! test_backend {
     };
 }
 
-test_backend!(Sqlite, "sqlite", |url: &str, policy: &Policy| {
-    let url = url.to_owned();
-    let policy = *policy;
-    async move {
-        idem_runtime::store::sqlite::connect(&url, &policy, 8)
-            .await
-            .expect("open sqlite")
+test_backend!(
+    Sqlite,
+    "sqlite",
+    |url: &str, policy: &Policy, connections: u32| {
+        let url = url.to_owned();
+        let policy = *policy;
+        async move {
+            idem_runtime::store::sqlite::connect(&url, &policy, connections)
+                .await
+                .expect("open sqlite")
+        }
     }
-});
-test_backend!(Postgres, "postgres", |url: &str, policy: &Policy| {
-    let url = url.to_owned();
-    let policy = *policy;
-    async move {
-        idem_runtime::store::postgres::connect(&url, &policy, 8)
-            .await
-            .expect("connect postgres")
+);
+test_backend!(
+    Postgres,
+    "postgres",
+    |url: &str, policy: &Policy, connections: u32| {
+        let url = url.to_owned();
+        let policy = *policy;
+        async move {
+            idem_runtime::store::postgres::connect(&url, &policy, connections)
+                .await
+                .expect("connect postgres")
+        }
     }
-});
+);
 
 const CREATE_PAYMENTS: &str =
     "CREATE TABLE IF NOT EXISTS payments (tenant TEXT NOT NULL, amount BIGINT NOT NULL)";
@@ -122,6 +138,11 @@ pub async fn postgres(policy: Policy) -> Harness<Postgres> {
 
 impl<DB: TestBackend> Harness<DB> {
     /// Rows in the business table: the side effects.
+    /// The same store behind another engine.
+    pub fn with_engine(self, engine: Engine<DB>) -> Self {
+        Self { engine, ..self }
+    }
+
     pub async fn payments(&self) -> i64 {
         DB::count(self.engine.pool(), "SELECT COUNT(*) FROM payments").await
     }
