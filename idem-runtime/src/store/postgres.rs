@@ -12,7 +12,11 @@
 //! autocommit `SELECT` (a prepared statement), and a completed record with the
 //! same fingerprint is replayed from that read (a mismatch or a live
 //! in-progress claim is refused from it too). Only a key with no live record
-//! goes on to the lock.
+//! goes on to the lock, on the same connection: sqlx checks every connection
+//! returned to the pool with a round trip, so one acquisition per claim saves one.
+//! A free key's lock is taken with `pg_try_advisory_xact_lock`; only a busy
+//! one sets `lock_timeout` and waits. A key with no record gets a plain
+//! `INSERT` of its completed record; an expired or taken-over one, an upsert.
 //!
 //! SQL stays within what Postgres-compatible engines accept where it costs
 //! nothing: no `ctid`, batched deletes by primary key.

@@ -1,0 +1,3 @@
+BEGIN;
+INSERT INTO payments (tenant_id, amount_cents, currency) VALUES ('t1', 2500, 'EUR') RETURNING id;
+END;

@@ -1,0 +1,6 @@
+\set r random(1, 1000000000)
+BEGIN;
+SELECT pg_advisory_xact_lock(:r);
+SELECT status, fingerprint FROM idempotency_keys WHERE scope = 't1' AND key = 'k-' || :client_id || '-' || :r;
+INSERT INTO payments (tenant_id, amount_cents, currency) VALUES ('t1', 2500, 'EUR') RETURNING id;
+END;

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Prices each piece of idem's Postgres protocol with pgbench (a C client, so
+# the figures are the server's and the wire's, not sqlx's): every script is the
+# unprotected write plus one piece, run for the same time at the same client
+# count. Usage: run.sh "host=127.0.0.1 port=5432 user=postgres" [clients] [seconds]
+#
+# It creates a database `idem_pgbench`, applies idem's migrations and the
+# benchmark's payments table, and prints tps and µs per operation per script.
+set -euo pipefail
+conn=$1
+clients=${2:-8}
+seconds=${3:-6}
+here=$(cd "$(dirname "$0")" && pwd)
+bin=$(dirname "$(command -v pgbench || ls /usr/lib/postgresql/*/bin/pgbench | tail -1)")
+psql() { "$bin/psql" -X -q -v ON_ERROR_STOP=1 "$@"; }
+psql "$conn dbname=postgres" -c "SET client_min_messages = warning" -c "DROP DATABASE IF EXISTS idem_pgbench" -c "CREATE DATABASE idem_pgbench"
+for migration in "$here"/../../migrations/postgres/*.sql; do
+  psql "$conn dbname=idem_pgbench" -f "$migration"
+done
+psql "$conn dbname=idem_pgbench" -c "CREATE TABLE payments (id bigserial PRIMARY KEY, tenant_id text NOT NULL, \
+  amount_cents bigint NOT NULL, currency text NOT NULL, created_at timestamptz NOT NULL DEFAULT now())"
+base=
+for script in "$here"/[0-9]-*.sql; do
+  tps=$("$bin/pgbench" "$conn dbname=idem_pgbench" -n -M prepared -c "$clients" -j 2 -T "$seconds" -f "$script" 2>/dev/null \
+        | awk '/^tps/ {print $3}')
+  base=${base:-$tps}
+  awk -v s="$(basename "$script" .sql)" -v t="$tps" -v b="$base" -v c="$clients" \
+    'BEGIN { printf "%-18s %9.0f tps  %6.1f µs/op  %.2f× unprotected\n", s, t, 1e6 / t, t / b }'
+done
