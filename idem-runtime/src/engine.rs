@@ -254,7 +254,7 @@ impl<DB: Backend> Engine<DB> {
             }
             None => None,
         };
-        let (mut tx, record) = match DB::lock_and_read(&self.pool, conn, op, &policy).await {
+        let (mut tx, record) = match DB::lock_and_read(conn, op, &policy).await {
             Ok(claimed) => claimed,
             Err(error) if DB::is_lock_busy(&error) => return Err(in_progress_unknown()),
             Err(error) => return self.store_down(op, &policy, error).await,

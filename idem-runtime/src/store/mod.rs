@@ -65,11 +65,9 @@ pub trait Backend: sqlx::Database + Sized {
     fn migrator() -> &'static sqlx::migrate::Migrator;
 
     /// Opens the claim's transaction on `conn`, takes the key's lock (waiting
-    /// at most `policy.wait_timeout`) and reads the record under it. `pool`
-    /// supplies another connection if the backend must start over.
+    /// at most `policy.wait_timeout`) and reads the record under it.
     #[doc(hidden)]
     fn lock_and_read<'a>(
-        pool: &'a Pool<Self>,
         conn: PoolConnection<Self>,
         op: &'a Operation,
         policy: &'a Policy,

@@ -131,11 +131,12 @@ impl Backend for Postgres {
     }
 
     async fn lock_and_read<'a>(
-        _pool: &'a Pool<Self>,
         conn: PoolConnection<Self>,
         op: &'a Operation,
         policy: &'a Policy,
     ) -> Result<(Transaction<'static, Self>, Option<Record>), sqlx::Error> {
+        // sqlx's constructor for a transaction on a connection already taken
+        // from the pool (public, hidden from its docs; what `Pool::begin` calls).
         let mut tx = Transaction::begin(conn, None).await?;
         let row = sqlx::query("SELECT * FROM idem_lock_and_read($1, $2, $3, $4)")
             .bind(op.lock_id())

@@ -149,13 +149,14 @@ impl Backend for Sqlite {
     }
 
     async fn lock_and_read<'a>(
-        _pool: &'a Pool<Self>,
         conn: PoolConnection<Self>,
         op: &'a Operation,
         _policy: &'a Policy,
     ) -> Result<(Transaction<'static, Self>, Option<Record>), sqlx::Error> {
         // The write lock up front: a deferred transaction that upgrades later
         // can fail with SQLITE_BUSY_SNAPSHOT instead of waiting.
+        // sqlx's constructor for a transaction on a connection already taken
+        // from the pool (public, hidden from its docs; what `Pool::begin` calls).
         let mut tx = Transaction::begin(conn, Some("BEGIN IMMEDIATE".into())).await?;
         let row = sqlx::query(SELECT_RECORD)
             .bind(op.scope.as_stored())
