@@ -14,7 +14,7 @@ pub use tracing::Instrument;
 
 pub use crate::engine::{Claim, ClaimGuard, Completed, Engine};
 pub use crate::error::IdemError;
-pub use crate::fingerprint::{fingerprint, Fingerprint, FingerprintHasher};
+pub use crate::fingerprint::{fingerprint, Fingerprint, FingerprintHasher, Label};
 pub use crate::key::IdempotencyKey;
 pub use crate::operation::Operation;
 pub use crate::outcome::{Disposition, Outcome};

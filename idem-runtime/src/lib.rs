@@ -42,7 +42,7 @@ pub mod test_support;
 
 pub use engine::{Claim, ClaimGuard, Completed, Engine, Stats, Via};
 pub use error::IdemError;
-pub use fingerprint::{fingerprint, Fingerprint, FingerprintHasher, RequestHash};
+pub use fingerprint::{fingerprint, Fingerprint, FingerprintHasher, Label, RequestHash};
 pub use key::{IdempotencyKey, KeyError};
 pub use operation::Operation;
 pub use outcome::{Disposition, ErrorOutcome, Outcome, ReplayError, StoredResponse};

@@ -53,10 +53,13 @@ pub(crate) fn read(input: &DeriveInput, errors: &mut Errors) -> Shape {
     }
     match &input.data {
         Data::Struct(data) => Shape::Struct(fields(&data.fields, errors)),
-        Data::Enum(data) => Shape::Enum(
+        Data::Enum(data) => {
+            let mut labels = Labels::default();
+            Shape::Enum(
             data.variants
                 .iter()
                 .map(|variant| {
+                    labels.check(&unraw(&variant.ident), variant.ident.span(), "variant", "rename the variant", errors);
                     for attr in &variant.attrs {
                         if attr.path().is_ident("fingerprint") {
                             errors.push_spanned(
@@ -68,10 +71,18 @@ pub(crate) fn read(input: &DeriveInput, errors: &mut Errors) -> Shape {
                     (variant.ident.clone(), fields(&variant.fields, errors))
                 })
                 .collect(),
-        ),
+            )
+        }
         Data::Union(data) => {
-            errors.push_at(data.union_token.span, "`Fingerprint` cannot be derived for a union; implement it by hand");
-            Shape::Struct(FieldSet { style: Style::Unit, fields: Vec::new(), members: Vec::new() })
+            errors.push_at(
+                data.union_token.span,
+                "`Fingerprint` cannot be derived for a union; implement it by hand",
+            );
+            Shape::Struct(FieldSet {
+                style: Style::Unit,
+                fields: Vec::new(),
+                members: Vec::new(),
+            })
         }
     }
 }
@@ -85,6 +96,7 @@ fn fields(fields: &Fields, errors: &mut Errors) -> FieldSet {
     let mut out = Vec::new();
     let mut members = Vec::new();
     let mut names: BTreeMap<String, Span> = BTreeMap::new();
+    let mut labels = Labels::default();
     for (index, field) in fields.iter().enumerate() {
         let member = match &field.ident {
             Some(ident) => Member::Named(ident.clone()),
@@ -107,6 +119,13 @@ fn fields(fields: &Fields, errors: &mut Errors) -> FieldSet {
             );
         } else {
             names.insert(name.clone(), name_span);
+            labels.check(
+                &name,
+                name_span,
+                "field",
+                "give this field another name with `#[fingerprint(rename = \"...\")]`",
+                errors,
+            );
         }
         out.push(Field {
             member,
@@ -121,6 +140,35 @@ fn fields(fields: &Fields, errors: &mut Errors) -> FieldSet {
         fields: out,
         members,
     }
+}
+
+/// The labels seen so far in one struct, variant or enum, by the name they came from.
+#[derive(Default)]
+struct Labels(BTreeMap<u32, String>);
+
+impl Labels {
+    /// Records `name`'s label, or reports that an earlier name has the same one.
+    fn check(&mut self, name: &str, span: Span, what: &str, fix: &str, errors: &mut Errors) {
+        match self.0.get(&label(name)) {
+            Some(earlier) => errors.push_at(
+                span,
+                format!(
+                    "{what} `{name}` has the same fingerprint label as `{earlier}` (labels are a 32-bit hash of the name, and these two collide); {fix}"
+                ),
+            ),
+            None => {
+                self.0.insert(label(name), name.to_owned());
+            }
+        }
+    }
+}
+
+/// The 32-bit FNV-1a hash of `name`: what `idem_runtime::fingerprint::Label::new`
+/// computes for the encoding (both are pinned by tests to the same values).
+pub(crate) fn label(name: &str) -> u32 {
+    name.bytes().fold(0x811c_9dc5, |hash, byte| {
+        (hash ^ u32::from(byte)).wrapping_mul(0x0100_0193)
+    })
 }
 
 fn unraw(ident: &syn::Ident) -> String {
@@ -197,4 +245,14 @@ fn options(attrs: &[syn::Attribute], errors: &mut Errors) -> Options {
         }
     }
     options
+}
+
+#[cfg(test)]
+mod tests {
+    /// The same values `idem_runtime::fingerprint::Label` is pinned to.
+    #[test]
+    fn labels_are_fnv_1a() {
+        assert_eq!(super::label("amount"), 0xf785_ce49);
+        assert_eq!(super::label("glbvs"), super::label("yacxa"));
+    }
 }

@@ -1,6 +1,7 @@
 //! Emitting the canonical encoding: fields in ascending name order (sorted
 //! here, at compile time), `write_field` (which leaves out a `None`),
-//! `begin_variant` for enums, skipped fields never mentioned.
+//! `begin_variant` for enums, skipped fields never mentioned. Names become
+//! labels in `const` blocks (`attr` has refused labels that collide).
 
 use proc_macro2::{Ident, Span, TokenStream};
 use quote::{format_ident, quote};
@@ -47,11 +48,11 @@ pub(crate) fn implementation(input: &DeriveInput, shape: &Shape) -> TokenStream 
                     let b = bind(member);
                     quote!(#b)
                 });
-                let name = variant.to_string();
+                let label = label(&variant.to_string());
                 quote! {
                     #[allow(unused_variables)]
                     #pattern => {
-                        #hasher.begin_variant(#name);
+                        #hasher.begin_variant(#label);
                         #hasher.begin_struct();
                         #writes
                         #hasher.end_struct();
@@ -89,14 +90,19 @@ fn writes(set: &FieldSet, hasher: &Ident, access: impl Fn(&Member) -> TokenStrea
     set.fields
         .iter()
         .map(|field| {
-            let name = &field.name;
+            let label = label(&field.name);
             let value = access(&field.member);
             match &field.with {
-                None => quote!(#hasher.write_field(#name, #value);),
-                Some(with) => quote!(#hasher.write_field_with(#name, #value, #with);),
+                None => quote!(#hasher.write_field(#label, #value);),
+                Some(with) => quote!(#hasher.write_field_with(#label, #value, #with);),
             }
         })
         .collect()
+}
+
+/// A name's label, computed at compile time.
+fn label(name: &str) -> TokenStream {
+    quote!(const { ::idem::__private::Label::new(#name) })
 }
 
 /// `FieldType: Fingerprint` for every counted field whose type mentions a
