@@ -44,6 +44,8 @@ pub(crate) enum Shape {
 
 const CONTAINER: &str = "`#[fingerprint(...)]` goes on fields, not on the type: mark the fields to `skip`, `rename` or hash `with` a function";
 
+const VARIANT: &str = "`#[fingerprint(...)]` goes on fields, not on variants; the variant's name is always part of the fingerprint";
+
 /// Reads the whole input, recording every misuse in `errors`.
 pub(crate) fn read(input: &DeriveInput, errors: &mut Errors) -> Shape {
     for attr in &input.attrs {
@@ -55,23 +57,23 @@ pub(crate) fn read(input: &DeriveInput, errors: &mut Errors) -> Shape {
         Data::Struct(data) => Shape::Struct(fields(&data.fields, errors)),
         Data::Enum(data) => {
             let mut labels = Labels::default();
-            Shape::Enum(
-            data.variants
-                .iter()
-                .map(|variant| {
-                    labels.check(&unraw(&variant.ident), variant.ident.span(), "variant", "rename the variant", errors);
-                    for attr in &variant.attrs {
-                        if attr.path().is_ident("fingerprint") {
-                            errors.push_spanned(
-                                attr,
-                                "`#[fingerprint(...)]` goes on fields, not on variants; the variant's name is always part of the fingerprint",
-                            );
-                        }
+            let variants = data.variants.iter().map(|variant| {
+                let name = unraw(&variant.ident);
+                labels.check(
+                    &name,
+                    variant.ident.span(),
+                    "variant",
+                    "rename the variant",
+                    errors,
+                );
+                for attr in &variant.attrs {
+                    if attr.path().is_ident("fingerprint") {
+                        errors.push_spanned(attr, VARIANT);
                     }
-                    (variant.ident.clone(), fields(&variant.fields, errors))
-                })
-                .collect(),
-            )
+                }
+                (variant.ident.clone(), fields(&variant.fields, errors))
+            });
+            Shape::Enum(variants.collect())
         }
         Data::Union(data) => {
             errors.push_at(

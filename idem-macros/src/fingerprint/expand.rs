@@ -5,6 +5,7 @@
 
 use proc_macro2::{Ident, Span, TokenStream};
 use quote::{format_ident, quote};
+use syn::ext::IdentExt;
 use syn::{DeriveInput, Member, Type};
 
 use super::attr::{FieldSet, Shape, Style};
@@ -48,7 +49,7 @@ pub(crate) fn implementation(input: &DeriveInput, shape: &Shape) -> TokenStream 
                     let b = bind(member);
                     quote!(#b)
                 });
-                let label = label(&variant.to_string());
+                let label = label(&variant.unraw().to_string());
                 quote! {
                     #[allow(unused_variables)]
                     #pattern => {

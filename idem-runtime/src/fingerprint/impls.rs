@@ -245,7 +245,6 @@ tuple!(0 A, 1 B, 2 C, 3 D, 4 E, 5 F, 6 G, 7 H; 8);
 impl Fingerprint for serde_json::Value {
     /// JSON objects hash like maps (key order never matters); numbers hash as
     /// integers when they are integers, else as floats.
-    #[inline]
     fn fingerprint(&self, hasher: &mut FingerprintHasher) {
         use serde_json::Value;
         match self {

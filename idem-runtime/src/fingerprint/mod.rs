@@ -55,20 +55,17 @@ pub struct RequestHash(pub [u8; 32]);
 
 impl RequestHash {
     /// The raw digest.
-    #[inline]
     pub fn as_bytes(&self) -> &[u8; 32] {
         &self.0
     }
 
     /// Builds a hash from stored bytes; `None` unless exactly 32 bytes.
-    #[inline]
     pub fn from_slice(bytes: &[u8]) -> Option<Self> {
         bytes.try_into().ok().map(Self)
     }
 }
 
 impl fmt::Debug for RequestHash {
-    #[inline]
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "RequestHash({})", crate::hex::encode(&self.0))
     }
