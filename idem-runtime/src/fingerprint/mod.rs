@@ -149,13 +149,13 @@ impl FingerprintHasher {
             value
         };
         self.stream.byte(b'f');
-        self.stream.bytes(&canonical.to_bits().to_be_bytes());
+        self.stream.array(canonical.to_bits().to_be_bytes());
     }
 
     /// Writes a bool.
     #[inline]
     pub fn write_bool(&mut self, value: bool) {
-        self.stream.bytes(&[b'b', u8::from(value)]);
+        self.stream.array([b'b', u8::from(value)]);
     }
 
     /// Writes a char.
@@ -279,7 +279,7 @@ impl FingerprintHasher {
 
     #[inline]
     fn label(&mut self, label: Label) {
-        self.stream.bytes(&label.0.to_be_bytes());
+        self.stream.array(label.0.to_be_bytes());
     }
 
     #[inline]

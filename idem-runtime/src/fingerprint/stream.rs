@@ -81,10 +81,26 @@ impl Sha256Stream {
         }
     }
 
+    /// Appends a fixed number of bytes (copied without a call when they fit).
+    #[inline]
+    pub(super) fn array<const N: usize>(&mut self, bytes: [u8; N]) {
+        match self.block.get_mut(self.filled..self.filled + N) {
+            Some(room) => {
+                room.copy_from_slice(&bytes);
+                self.filled += N;
+            }
+            None => self.bytes(&bytes),
+        }
+    }
+
     /// Appends `value` as an unsigned LEB128 varint (7 bits per byte, low
     /// bits first, the high bit set on every byte but the last).
     #[inline]
     pub(super) fn varint(&mut self, mut value: u128) {
+        if value < 0x80 {
+            self.byte(value as u8);
+            return;
+        }
         while value >= 0x80 {
             self.byte(value as u8 | 0x80);
             value >>= 7;
