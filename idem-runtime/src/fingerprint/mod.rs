@@ -30,8 +30,8 @@
 //! computed at compile time, rather than by the name itself: the encoding of a
 //! typical request then fits in two SHA-256 blocks instead of three. The
 //! derive refuses, at compile time, a type where two labels of one struct or
-//! enum collide, naming the pair. The header fills whole blocks, so the state after it is
-//! computed once per step and thread and reused.
+//! enum collide, naming the pair. The header fills whole blocks, so the state
+//! after it is computed once per step and thread and reused.
 //!
 //! Consequences, each covered by tests: the order fields are declared in never
 //! matters (the derive sorts them by name), `HashMap` iteration order never
