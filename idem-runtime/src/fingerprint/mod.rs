@@ -33,6 +33,12 @@
 //! enum collide, naming the pair. The header fills whole blocks, so the state
 //! after it is computed once per step and thread and reused.
 //!
+//! The header names the version, and a new version changes every
+//! fingerprint: a key stored by a build with the previous encoding (v1 wrote
+//! names, 8-byte lengths and 16-byte integers) answers a retry made across the
+//! upgrade with `422` until the key expires. Deploy such an upgrade when
+//! in-flight retries can be refused, or wait out the retention period.
+//!
 //! Consequences, each covered by tests: the order fields are declared in never
 //! matters (the derive sorts them by name), `HashMap` iteration order never
 //! matters, an `Option` field that is `None` is left out entirely (so adding an
