@@ -579,6 +579,36 @@ macro_rules! engine_plan {
                 );
             }
 
+            /// Batches continue where the previous one stopped, also when
+            /// many records expire at the same instant across a batch's edge.
+            #[tokio::test]
+            async fn purge_batches_cross_records_that_expire_together() {
+                use support::TestBackend;
+                let h = harness(Policy::default()).await;
+                let short = Policy::default().retention(Duration::from_millis(1));
+                for i in 0..25 {
+                    charge(
+                        &h,
+                        &operation("acme", &format!("old-{i}"), i).policy(short),
+                        i,
+                    )
+                    .await
+                    .unwrap();
+                }
+                charge(&h, &operation("acme", "new", 1), 1).await.unwrap();
+                // `old-1` and `old-10` .. `old-19` expire at one instant,
+                // older than the others.
+                let tie = if Db::MODULE == "postgres" {
+                    "UPDATE idempotency_keys SET expires_at = now() - interval '1 hour' WHERE key LIKE 'old-1%'"
+                } else {
+                    "UPDATE idempotency_keys SET expires_at = 1000 WHERE key LIKE 'old-1%'"
+                };
+                Db::execute(h.engine.pool(), tie).await;
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                assert_eq!(h.engine.purge_expired(4).await.unwrap(), 25);
+                assert_eq!(h.records().await, 1);
+            }
+
             #[tokio::test]
             async fn migrations_are_idempotent_and_live_steps_are_listed() {
                 let h = harness(Policy::default()).await;

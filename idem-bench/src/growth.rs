@@ -60,10 +60,15 @@ pub struct GrowthResult {
     pub purge: PurgeResult,
 }
 
-const FILL: &str = "INSERT INTO idempotency_keys (scope, key, step, fingerprint, status, response_status, \
+/// Rows `$1..=$2` of scope `$3`, expiring `$4` seconds from now, one
+/// microsecond apart (as records written over time are, rather than all at
+/// one instant).
+const FILL: &str =
+    "INSERT INTO idempotency_keys (scope, key, step, fingerprint, status, response_status, \
      response_content_type, response_body, created_at, locked_until, expires_at) \
      SELECT $3, 'k' || g, 'charge-card.v1', sha256(convert_to(g::text, 'UTF8')), 'completed', 200, \
-            'application/json', convert_to('{\"payment_id\": 1}', 'UTF8'), now(), now(), now() + $4 * interval '1 second' \
+            'application/json', convert_to('{\"payment_id\": 1}', 'UTF8'), now(), now(), \
+            now() + $4 * interval '1 second' + g * interval '1 microsecond' \
      FROM generate_series($1::int8, $2::int8) g";
 
 async fn fill(

@@ -334,21 +334,24 @@ impl<DB: Backend> Engine<DB> {
         }
     }
 
-    /// Deletes expired records in batches of `batch` (by primary key) until none
-    /// are left; returns how many went. Short batches keep claims unblocked,
+    /// Deletes expired records in batches of `batch` (by primary key, oldest
+    /// first, each batch starting where the last one stopped) until none are
+    /// left; returns how many went. Short batches keep claims unblocked,
     /// and a pause of three times as long as each full batch took leaves the
     /// database at least three quarters of its time for claims while a large
     /// backlog drains.
     pub async fn purge_expired(&self, batch: u32) -> Result<u64, sqlx::Error> {
         let batch = batch.max(1);
         let mut total = 0;
+        let mut from = 0;
         loop {
             let started = std::time::Instant::now();
-            let deleted = DB::purge_batch(&self.pool, batch).await?;
+            let (deleted, next) = DB::purge_batch(&self.pool, batch, from).await?;
             total += deleted;
             if deleted < u64::from(batch) {
                 return Ok(total);
             }
+            from = next;
             tokio::time::sleep(started.elapsed() * PURGE_PAUSE_FACTOR).await;
         }
     }

@@ -122,12 +122,16 @@ pub trait Backend: sqlx::Database + Sized {
         token: i64,
     ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'a;
 
-    /// Deletes up to `batch` expired records by primary key; returns how many went.
+    /// Deletes up to `batch` expired records, oldest first, by primary key,
+    /// starting at `from`: `0` for a purge's first batch, then what the
+    /// previous batch returned (a backend-specific position in `expires_at`).
+    /// Returns how many went and where the next batch starts.
     #[doc(hidden)]
     fn purge_batch(
         pool: &Pool<Self>,
         batch: u32,
-    ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send + '_;
+        from: i64,
+    ) -> impl Future<Output = Result<(u64, i64), sqlx::Error>> + Send + '_;
 
     /// The distinct steps that still have unexpired records.
     #[doc(hidden)]

@@ -243,19 +243,32 @@ impl Backend for Postgres {
         Ok(())
     }
 
-    async fn purge_batch(pool: &Pool<Self>, batch: u32) -> Result<u64, sqlx::Error> {
+    async fn purge_batch(
+        pool: &Pool<Self>,
+        batch: u32,
+        from: i64,
+    ) -> Result<(u64, i64), sqlx::Error> {
         // No row locks taken ahead of the delete (each would be one more WAL
         // record per row). The outer `expires_at` check is evaluated again on a
         // row a claim rewrote meanwhile, so a record it just renewed stays.
-        let done = sqlx::query(
-            "DELETE FROM idempotency_keys WHERE expires_at < now() AND (scope, key) IN \
-             (SELECT scope, key FROM idempotency_keys WHERE expires_at < now() \
-              ORDER BY expires_at LIMIT $1)",
+        // `from` (microseconds since the epoch) is where the previous batch
+        // stopped: the index entries before it point at rows deleted moments
+        // ago, which a scan from the start would step over again every batch.
+        // Nothing older can appear: a record expires after it is written.
+        let (deleted, last): (i64, Option<i64>) = sqlx::query_as(
+            "WITH purged AS (\
+               DELETE FROM idempotency_keys WHERE expires_at < now() AND (scope, key) IN \
+                 (SELECT scope, key FROM idempotency_keys \
+                  WHERE expires_at < now() AND expires_at >= 'epoch'::timestamptz + $2 * interval '1 microsecond' \
+                  ORDER BY expires_at LIMIT $1) \
+               RETURNING expires_at) \
+             SELECT count(*), (extract(epoch FROM max(expires_at)) * 1000000)::int8 FROM purged",
         )
         .bind(i64::from(batch))
-        .execute(pool)
+        .bind(from)
+        .fetch_one(pool)
         .await?;
-        Ok(done.rows_affected())
+        Ok((deleted as u64, last.unwrap_or(from)))
     }
 
     async fn live_steps(pool: &Pool<Self>) -> Result<Vec<String>, sqlx::Error> {

@@ -263,7 +263,13 @@ impl Backend for Sqlite {
         Ok(())
     }
 
-    async fn purge_batch(pool: &Pool<Self>, batch: u32) -> Result<u64, sqlx::Error> {
+    async fn purge_batch(
+        pool: &Pool<Self>,
+        batch: u32,
+        from: i64,
+    ) -> Result<(u64, i64), sqlx::Error> {
+        // SQLite removes a deleted row's index entries at once, so every batch
+        // can start from the oldest record and `from` is handed back as is.
         let done = sqlx::query(
             "DELETE FROM idempotency_keys WHERE (scope, key) IN \
              (SELECT scope, key FROM idempotency_keys WHERE expires_at < ?1 ORDER BY expires_at LIMIT ?2)",
@@ -272,7 +278,7 @@ impl Backend for Sqlite {
         .bind(i64::from(batch))
         .execute(pool)
         .await?;
-        Ok(done.rows_affected())
+        Ok((done.rows_affected(), from))
     }
 
     async fn live_steps(pool: &Pool<Self>) -> Result<Vec<String>, sqlx::Error> {
