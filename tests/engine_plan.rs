@@ -583,7 +583,7 @@ macro_rules! engine_plan {
             /// many records expire at the same instant across a batch's edge.
             #[tokio::test]
             async fn purge_batches_cross_records_that_expire_together() {
-                use support::TestBackend;
+                use crate::support::TestBackend;
                 let h = harness(Policy::default()).await;
                 let short = Policy::default().retention(Duration::from_millis(1));
                 for i in 0..25 {

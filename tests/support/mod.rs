@@ -137,12 +137,12 @@ pub async fn postgres(policy: Policy) -> Harness<Postgres> {
 }
 
 impl<DB: TestBackend> Harness<DB> {
-    /// Rows in the business table: the side effects.
     /// The same store behind another engine.
     pub fn with_engine(self, engine: Engine<DB>) -> Self {
         Self { engine, ..self }
     }
 
+    /// Rows in the business table: the side effects.
     pub async fn payments(&self) -> i64 {
         DB::count(self.engine.pool(), "SELECT COUNT(*) FROM payments").await
     }

@@ -78,11 +78,9 @@ impl Fingerprint for () {
 }
 
 impl<T: Fingerprint + ?Sized> Fingerprint for &T {
-    #[inline]
     fn fingerprint(&self, hasher: &mut FingerprintHasher) {
         (**self).fingerprint(hasher);
     }
-    #[inline]
     fn is_absent(&self) -> bool {
         (**self).is_absent()
     }
@@ -91,11 +89,9 @@ impl<T: Fingerprint + ?Sized> Fingerprint for &T {
 macro_rules! transparent {
     ($($wrapper:ident)*) => {$(
         impl<T: Fingerprint + ?Sized> Fingerprint for $wrapper<T> {
-            #[inline]
             fn fingerprint(&self, hasher: &mut FingerprintHasher) {
                 (**self).fingerprint(hasher);
             }
-            #[inline]
             fn is_absent(&self) -> bool {
                 (**self).is_absent()
             }
@@ -105,21 +101,18 @@ macro_rules! transparent {
 transparent!(Box Arc);
 
 impl<T: Fingerprint> Fingerprint for std::rc::Rc<T> {
-    #[inline]
     fn fingerprint(&self, hasher: &mut FingerprintHasher) {
         (**self).fingerprint(hasher);
     }
 }
 
 impl<T: Fingerprint + ToOwned + ?Sized> Fingerprint for std::borrow::Cow<'_, T> {
-    #[inline]
     fn fingerprint(&self, hasher: &mut FingerprintHasher) {
         (**self).fingerprint(hasher);
     }
 }
 
 impl<T: Fingerprint> Fingerprint for std::num::Wrapping<T> {
-    #[inline]
     fn fingerprint(&self, hasher: &mut FingerprintHasher) {
         self.0.fingerprint(hasher);
     }
@@ -145,56 +138,48 @@ impl Fingerprint for std::time::Duration {
 }
 
 impl<T: Fingerprint> Fingerprint for Option<T> {
-    #[inline]
     fn fingerprint(&self, hasher: &mut FingerprintHasher) {
         match self {
             Some(value) => hasher.write_some(value),
             None => hasher.write_none(),
         }
     }
-    #[inline]
     fn is_absent(&self) -> bool {
         self.is_none()
     }
 }
 
 impl<T: Fingerprint> Fingerprint for [T] {
-    #[inline]
     fn fingerprint(&self, hasher: &mut FingerprintHasher) {
         hasher.write_seq(self.iter());
     }
 }
 
 impl<T: Fingerprint, const N: usize> Fingerprint for [T; N] {
-    #[inline]
     fn fingerprint(&self, hasher: &mut FingerprintHasher) {
         hasher.write_seq(self.iter());
     }
 }
 
 impl<T: Fingerprint> Fingerprint for Vec<T> {
-    #[inline]
     fn fingerprint(&self, hasher: &mut FingerprintHasher) {
         hasher.write_seq(self.iter());
     }
 }
 
 impl<T: Fingerprint> Fingerprint for VecDeque<T> {
-    #[inline]
     fn fingerprint(&self, hasher: &mut FingerprintHasher) {
         hasher.write_seq(self.iter());
     }
 }
 
 impl<K: Fingerprint, V: Fingerprint> Fingerprint for BTreeMap<K, V> {
-    #[inline]
     fn fingerprint(&self, hasher: &mut FingerprintHasher) {
         hasher.write_sorted_map(self.iter());
     }
 }
 
 impl<T: Fingerprint> Fingerprint for BTreeSet<T> {
-    #[inline]
     fn fingerprint(&self, hasher: &mut FingerprintHasher) {
         hasher.write_sorted_set(self.iter());
     }
@@ -203,7 +188,6 @@ impl<T: Fingerprint> Fingerprint for BTreeSet<T> {
 /// Order-independent: entries are hashed in ascending key order, exactly as the
 /// equal `BTreeMap` would be.
 impl<K: Fingerprint + Ord, V: Fingerprint, S> Fingerprint for HashMap<K, V, S> {
-    #[inline]
     fn fingerprint(&self, hasher: &mut FingerprintHasher) {
         let mut entries: Vec<(&K, &V)> = self.iter().collect();
         entries.sort_unstable_by(|a, b| a.0.cmp(b.0));
@@ -214,7 +198,6 @@ impl<K: Fingerprint + Ord, V: Fingerprint, S> Fingerprint for HashMap<K, V, S> {
 /// Order-independent: elements are hashed in ascending order, exactly as the
 /// equal `BTreeSet` would be.
 impl<T: Fingerprint + Ord, S> Fingerprint for HashSet<T, S> {
-    #[inline]
     fn fingerprint(&self, hasher: &mut FingerprintHasher) {
         let mut items: Vec<&T> = self.iter().collect();
         items.sort_unstable();
@@ -225,7 +208,6 @@ impl<T: Fingerprint + Ord, S> Fingerprint for HashSet<T, S> {
 macro_rules! tuple {
     ($($n:tt $t:ident),+; $arity:expr) => {
         impl<$($t: Fingerprint),+> Fingerprint for ($($t,)+) {
-            #[inline]
             fn fingerprint(&self, hasher: &mut FingerprintHasher) {
                 hasher.begin_tuple($arity);
                 $(self.$n.fingerprint(hasher);)+

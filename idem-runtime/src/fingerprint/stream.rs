@@ -23,7 +23,6 @@ const INITIAL: [u32; 8] = [
 ];
 
 /// A SHA-256 computation in progress.
-#[derive(Clone)]
 pub(super) struct Sha256Stream {
     state: [u32; 8],
     block: [u8; BLOCK],
@@ -123,9 +122,7 @@ impl Sha256Stream {
         let bits = (self.compressed_blocks * BLOCK as u64 + self.filled as u64) * 8;
         self.byte(0x80);
         if self.filled > BLOCK - 8 {
-            self.block[self.filled..].fill(0);
-            self.filled = BLOCK;
-            self.compress();
+            self.zero_to_block_end();
         }
         self.block[self.filled..BLOCK - 8].fill(0);
         self.block[BLOCK - 8..].copy_from_slice(&bits.to_be_bytes());
