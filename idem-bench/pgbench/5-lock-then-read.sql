@@ -1,4 +1,4 @@
-\set r random(1, 1000000000)
+\set r random(1, 1000000000000000)
 BEGIN;
 SELECT pg_advisory_xact_lock(:r);
 SELECT status, fingerprint FROM idempotency_keys WHERE scope = 't1' AND key = 'k-' || :client_id || '-' || :r;

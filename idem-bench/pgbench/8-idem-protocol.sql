@@ -1,4 +1,4 @@
-\set r random(1, 1000000000)
+\set r random(1, 1000000000000000)
 SELECT status, fingerprint FROM idempotency_keys WHERE scope = 't1' AND key = 'k-' || :client_id || '-' || :r;
 BEGIN;
 SELECT * FROM idem_lock_and_read(:r, 5000, 't1', 'k-' || :client_id || '-' || :r);

@@ -2,7 +2,11 @@
 # Prices each piece of idem's Postgres protocol with pgbench (a C client, so
 # the figures are the server's and the wire's, not sqlx's): every script is the
 # unprotected write plus one piece, run for the same time at the same client
-# count. Usage: run.sh "host=127.0.0.1 port=5432 user=postgres" [clients] [seconds]
+# count. The last two pipeline what needs no answer in between (pgbench's
+# \startpipeline): 9a is idem's protocol as a pipelining driver could send it
+# (4 round trips instead of 6), 9b the least any safe claim must do (lock and
+# read, the business write, the record; no read before the lock, so no cheap
+# replay). Usage: run.sh "host=127.0.0.1 port=5432 user=postgres" [clients] [seconds]
 #
 # It creates a database `idem_pgbench`, applies idem's migrations and the
 # benchmark's payments table, and prints tps and µs per operation per script.
@@ -20,7 +24,7 @@ done
 psql "$conn dbname=idem_pgbench" -c "CREATE TABLE payments (id bigserial PRIMARY KEY, tenant_id text NOT NULL, \
   amount_cents bigint NOT NULL, currency text NOT NULL, created_at timestamptz NOT NULL DEFAULT now())"
 base=
-for script in "$here"/[0-9]-*.sql; do
+for script in "$here"/[0-9]*.sql; do
   tps=$("$bin/pgbench" "$conn dbname=idem_pgbench" -n -M prepared -c "$clients" -j 2 -T "$seconds" -f "$script" 2>/dev/null \
         | awk '/^tps/ {print $3}')
   base=${base:-$tps}
