@@ -1,6 +1,7 @@
 //! The guide's test plan and every row of the state table, run against a real
-//! SQLite file and a real Postgres server. Each case counts rows in a business
-//! table to assert exactly how many side effects happened.
+//! SQLite file and a real Postgres server, there with each kind of key lock.
+//! Each case counts rows in a business table to assert exactly how many side
+//! effects happened.
 
 mod support;
 
@@ -77,7 +78,12 @@ macro_rules! engine_plan {
                     ..Policy::default()
                 };
                 let pool = <Db as TestBackend>::pool_of(&h.url, &policy, 1).await;
-                let single = h.with_engine(Engine::new(pool).with_policy(policy));
+                let key_lock = h.engine.key_lock();
+                let single = h.with_engine(
+                    Engine::new(pool)
+                        .with_policy(policy)
+                        .with_key_lock(key_lock),
+                );
                 let op = operation("acme", "k-one", 700);
                 let first = charge(&single, &op, 700).await.unwrap();
                 let again = charge(&single, &op, 700).await.unwrap();
@@ -638,6 +644,7 @@ macro_rules! engine_plan {
 
 engine_plan!(sqlite, sqlx::Sqlite);
 engine_plan!(postgres, sqlx::Postgres);
+engine_plan!(postgres_row_lock, sqlx::Postgres);
 
 /// A Postgres server that does not answer: the claim fails closed quickly and
 /// the work never runs.
@@ -672,4 +679,40 @@ async fn postgres_server_down_fails_closed() {
         "{result:?}"
     );
     assert!(!ran);
+}
+
+/// A claim bounds only its own lock waits: the work runs with the session's
+/// `lock_timeout`, for either kind of key lock, on a fresh key and on a key
+/// whose expired record the claim locks.
+#[tokio::test]
+async fn postgres_work_runs_with_the_sessions_lock_timeout() {
+    use idem_runtime::{IdempotencyKey, KeyLock, Operation, Policy, Problem, Scope, Via};
+    use std::time::Duration;
+    for key_lock in [KeyLock::Advisory, KeyLock::Row] {
+        let policy = Policy::default()
+            .retention(Duration::from_millis(1))
+            .wait_timeout(Duration::from_millis(750));
+        let h = support::postgres(policy).await;
+        let engine = h.engine.clone().with_key_lock(key_lock);
+        let op = Operation::new(
+            Scope::tenant("acme"),
+            IdempotencyKey::new("k").unwrap(),
+            "charge-card.v1",
+            &1i64,
+        );
+        for round in ["fresh key", "expired record"] {
+            let done = engine
+                .run(&op, async |tx| {
+                    sqlx::query_scalar::<_, String>("SHOW lock_timeout")
+                        .fetch_one(&mut *tx)
+                        .await
+                        .map_err(Problem::from)
+                })
+                .await
+                .unwrap();
+            assert_eq!(done.via, Via::Executed, "{key_lock:?}, {round}");
+            assert_eq!(done.value.unwrap(), "0", "{key_lock:?}, {round}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
 }

@@ -203,7 +203,9 @@ async fn run(cfg: Config) -> Result<Report, String> {
     let mut backends = Vec::new();
     if wants("postgres") {
         let pg = pg::Pg::setup(&server, connections).await?;
-        backends.push(backend(Arc::new(pg), &cfg, &scenarios, &run_id).await?);
+        let mut with_row_lock = scenarios.clone();
+        with_row_lock.insert(4, Scenario::IdemRowLock);
+        backends.push(backend(Arc::new(pg), &cfg, &with_row_lock, &run_id).await?);
     }
     let dir = tempfile::Builder::new()
         .prefix("idem-bench-")

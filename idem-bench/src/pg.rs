@@ -2,7 +2,9 @@
 
 use idem_runtime::store::postgres::pool_options;
 use idem_runtime::test_support::PgServer;
-use idem_runtime::{Engine, IdemError, IdempotencyKey, Operation, Policy, Problem, Scope, Via};
+use idem_runtime::{
+    Engine, IdemError, IdempotencyKey, KeyLock, Operation, Policy, Problem, Scope, Via,
+};
 use sha2::{Digest, Sha256};
 use sqlx::postgres::PgConnectOptions;
 use sqlx::{PgPool, Postgres};
@@ -55,6 +57,8 @@ pub struct Pg {
     pub pool: PgPool,
     /// The engine over that pool.
     pub engine: Engine<Postgres>,
+    /// The same engine, its claims holding keys by row locks.
+    row_lock_engine: Engine<Postgres>,
     version: String,
     settings: Vec<(String, String)>,
 }
@@ -97,6 +101,7 @@ impl Pg {
         settings.push(("pool_size".into(), connections.to_string()));
         Ok(Self {
             pool,
+            row_lock_engine: engine.clone().with_key_lock(KeyLock::Row),
             engine,
             version: server.version().await,
             settings,
@@ -227,6 +232,11 @@ impl Target for Pg {
 
     fn idem(&self, key: String, tenant: String) -> BoxFut<Result<Via, IdemError>> {
         let engine = self.engine.clone();
+        Box::pin(async move { keyed(&engine, key, tenant).await })
+    }
+
+    fn idem_row_lock(&self, key: String, tenant: String) -> BoxFut<Result<Via, IdemError>> {
+        let engine = self.row_lock_engine.clone();
         Box::pin(async move { keyed(&engine, key, tenant).await })
     }
 

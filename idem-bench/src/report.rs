@@ -105,6 +105,12 @@ pub fn ratios(backends: &[BackendReport], clients: &[usize]) -> Vec<Ratio> {
                 None,
             );
             push("idem / same-writes", "idem", "same-writes", None);
+            push(
+                "idem-row-lock / unprotected",
+                "idem-row-lock",
+                "unprotected",
+                None,
+            );
         }
     }
     out

@@ -11,6 +11,7 @@ const COLORS: &[(&str, &str)] = &[
     ("seed-sql", "#e07b39"),
     ("idem", "#2a7ab9"),
     ("idem-macro", "#6aa9d8"),
+    ("idem-row-lock", "#8e6bb8"),
     ("replay", "#3c9d5d"),
 ];
 

@@ -36,6 +36,12 @@ pub trait Target: Send + Sync + 'static {
     fn idem(&self, key: String, tenant: String) -> BoxFut<Result<Via, IdemError>>;
     /// The same through an `#[idempotent]` handler.
     fn idem_macro(&self, key: String, tenant: String) -> BoxFut<Result<Via, IdemError>>;
+    /// The same through an engine whose claims hold their key by a row lock
+    /// ([`idem_runtime::KeyLock::Row`]); the same as [`Target::idem`] where
+    /// the backend has one kind of lock.
+    fn idem_row_lock(&self, key: String, tenant: String) -> BoxFut<Result<Via, IdemError>> {
+        self.idem(key, tenant)
+    }
     /// Payments written for `tenant` (to check a storm ran each key once).
     fn payments_for(&self, tenant: String) -> BoxFut<Result<i64, String>>;
 }

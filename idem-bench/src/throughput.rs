@@ -24,6 +24,8 @@ pub enum Scenario {
     Idem,
     /// An `#[idempotent]` handler.
     IdemMacro,
+    /// The engine API with [`idem_runtime::KeyLock::Row`] (Postgres only).
+    IdemRowLock,
     /// Repeats of completed keys.
     Replay,
 }
@@ -37,6 +39,7 @@ impl Scenario {
             Scenario::SeedSql => "seed-sql",
             Scenario::Idem => "idem",
             Scenario::IdemMacro => "idem-macro",
+            Scenario::IdemRowLock => "idem-row-lock",
             Scenario::Replay => "replay",
         }
     }
@@ -69,24 +72,21 @@ fn scenario_op(target: &Arc<dyn Target>, scenario: Scenario, prefix: String) -> 
         Scenario::Unprotected => op(move |_| t.unprotected()),
         Scenario::SameWrites => op(move |i| t.same_writes(format!("{prefix}-{i}"))),
         Scenario::SeedSql => op(move |i| t.seed_sql(format!("{prefix}-{i}"))),
-        Scenario::Idem | Scenario::IdemMacro => {
-            let macro_path = scenario == Scenario::IdemMacro;
-            op(move |i| {
-                let key = format!("{prefix}-{i}");
-                let fut = if macro_path {
-                    t.idem_macro(key, TENANT.to_string())
-                } else {
-                    t.idem(key, TENANT.to_string())
-                };
-                async move {
-                    match fut.await {
-                        Ok(Via::Executed) => Ok(()),
-                        Ok(via) => Err(format!("fresh key answered via {}", via.label())),
-                        Err(e) => Err(e.to_string()),
-                    }
+        Scenario::Idem | Scenario::IdemMacro | Scenario::IdemRowLock => op(move |i| {
+            let key = format!("{prefix}-{i}");
+            let fut = match scenario {
+                Scenario::IdemMacro => t.idem_macro(key, TENANT.to_string()),
+                Scenario::IdemRowLock => t.idem_row_lock(key, TENANT.to_string()),
+                _ => t.idem(key, TENANT.to_string()),
+            };
+            async move {
+                match fut.await {
+                    Ok(Via::Executed) => Ok(()),
+                    Ok(via) => Err(format!("fresh key answered via {}", via.label())),
+                    Err(e) => Err(e.to_string()),
                 }
-            })
-        }
+            }
+        }),
         Scenario::Replay => op(move |i| {
             let fut = t.idem(format!("{prefix}-{i}"), TENANT.to_string());
             async move {

@@ -12,8 +12,8 @@ use crate::__private::{timed_out, within};
 use crate::error::{whole_seconds, IdemError};
 use crate::operation::Operation;
 use crate::outcome::{Disposition, Outcome, StoredResponse};
-use crate::policy::{ClaimMode, FailureMode, Policy};
-use crate::store::{Backend, Record, RecordStatus};
+use crate::policy::{ClaimMode, FailureMode, KeyLock, Policy};
+use crate::store::{Backend, Locked, Record, RecordStatus};
 
 /// How an operation's answer came about.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -95,6 +95,7 @@ pub struct Stats {
 pub struct Engine<DB: Backend> {
     pool: Pool<DB>,
     policy: Policy,
+    key_lock: KeyLock,
     counters: Arc<Counters>,
     /// Where the backend's write lock is database-wide (SQLite), claims from
     /// this engine (and its clones) queue here, first come first served,
@@ -107,6 +108,7 @@ impl<DB: Backend> Clone for Engine<DB> {
         Self {
             pool: self.pool.clone(),
             policy: self.policy,
+            key_lock: self.key_lock,
             counters: self.counters.clone(),
             write_gate: self.write_gate.clone(),
         }
@@ -118,6 +120,7 @@ impl<DB: Backend> std::fmt::Debug for Engine<DB> {
         f.debug_struct("Engine")
             .field("backend", &<DB as sqlx::Database>::NAME)
             .field("policy", &self.policy)
+            .field("key_lock", &self.key_lock)
             .finish()
     }
 }
@@ -145,6 +148,7 @@ impl<DB: Backend> Engine<DB> {
         Self {
             pool,
             policy: Policy::default(),
+            key_lock: KeyLock::default(),
             counters: Arc::default(),
             write_gate: DB::SERIALIZE_WRITERS.then(|| Arc::new(Semaphore::new(1))),
         }
@@ -154,6 +158,18 @@ impl<DB: Backend> Engine<DB> {
     pub fn with_policy(mut self, policy: Policy) -> Self {
         self.policy = policy;
         self
+    }
+
+    /// Sets how claims hold their key ([`KeyLock::Advisory`] by default; see
+    /// [`KeyLock`] for when to choose [`KeyLock::Row`]).
+    pub fn with_key_lock(mut self, key_lock: KeyLock) -> Self {
+        self.key_lock = key_lock;
+        self
+    }
+
+    /// How claims hold their key.
+    pub fn key_lock(&self) -> KeyLock {
+        self.key_lock
     }
 
     /// The pool, for the application's own queries.
@@ -254,13 +270,17 @@ impl<DB: Backend> Engine<DB> {
             }
             None => None,
         };
-        let (mut tx, record) = match DB::lock_and_read(conn, op, &policy).await {
-            Ok(claimed) => claimed,
+        let Locked {
+            mut tx,
+            record,
+            holds_row,
+        } = match DB::lock_and_read(conn, op, &policy, self.key_lock).await {
+            Ok(locked) => locked,
             Err(error) if DB::is_lock_busy(&error) => return Err(in_progress_unknown()),
             Err(error) => return self.store_down(op, &policy, error).await,
         };
-        // A key with no record at all gets a plain insert of its completed record.
-        let replaces = record.is_some();
+        // A key with no row at all gets a plain insert of its completed record.
+        let replaces = record.is_some() || holds_row;
         let via = match decide(record, op) {
             Decision::Execute(via) => via,
             Decision::Replay(stored) => return Ok(Claim::Replay(stored)),

@@ -46,7 +46,7 @@ pub use fingerprint::{fingerprint, Fingerprint, FingerprintHasher, Label, Reques
 pub use key::{IdempotencyKey, KeyError};
 pub use operation::Operation;
 pub use outcome::{Disposition, ErrorOutcome, Outcome, ReplayError, StoredResponse};
-pub use policy::{ClaimMode, FailureMode, Policy};
+pub use policy::{ClaimMode, FailureMode, KeyLock, Policy};
 pub use problem::Problem;
 pub use registry::Step;
 pub use scope::{Scope, ScopePart};

@@ -136,6 +136,14 @@ pub async fn postgres(policy: Policy) -> Harness<Postgres> {
     harness(url, None, policy).await
 }
 
+/// A harness on a fresh database of the test Postgres server whose claims
+/// hold their keys by row locks ([`idem_runtime::KeyLock::Row`]).
+pub async fn postgres_row_lock(policy: Policy) -> Harness<Postgres> {
+    let h = postgres(policy).await;
+    let engine = h.engine.clone().with_key_lock(idem_runtime::KeyLock::Row);
+    h.with_engine(engine)
+}
+
 impl<DB: TestBackend> Harness<DB> {
     /// The same store behind another engine.
     pub fn with_engine(self, engine: Engine<DB>) -> Self {

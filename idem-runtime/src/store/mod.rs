@@ -11,7 +11,7 @@ use sqlx::{Pool, Transaction};
 
 use crate::operation::Operation;
 use crate::outcome::StoredResponse;
-use crate::policy::Policy;
+use crate::policy::{KeyLock, Policy};
 
 #[cfg(feature = "postgres")]
 pub mod postgres;
@@ -52,6 +52,19 @@ pub struct Record {
     pub lock_left: Option<Duration>,
 }
 
+/// What a claim's first statements leave: its open transaction holding the
+/// key's lock, and the record found under that lock.
+#[derive(Debug)]
+pub struct Locked<DB: sqlx::Database> {
+    /// The claim's transaction.
+    pub tx: Transaction<'static, DB>,
+    /// The record the key had, if any.
+    pub record: Option<Record>,
+    /// Whether the claim wrote a row of its own for the key (a row lock), which
+    /// the completed record then replaces.
+    pub holds_row: bool,
+}
+
 /// A database idem can keep key records in. Implemented for [`sqlx::Sqlite`]
 /// and [`sqlx::Postgres`]; the methods are the engine's, not an application's.
 pub trait Backend: sqlx::Database + Sized {
@@ -64,16 +77,16 @@ pub trait Backend: sqlx::Database + Sized {
     #[doc(hidden)]
     fn migrator() -> &'static sqlx::migrate::Migrator;
 
-    /// Opens the claim's transaction on `conn`, takes the key's lock (waiting
-    /// at most `policy.wait_timeout`) and reads the record under it.
+    /// Opens the claim's transaction on `conn`, takes the key's lock of kind
+    /// `key_lock` (waiting at most `policy.wait_timeout`) and reads the record
+    /// under it.
     #[doc(hidden)]
     fn lock_and_read<'a>(
         conn: PoolConnection<Self>,
         op: &'a Operation,
         policy: &'a Policy,
-    ) -> impl Future<Output = Result<(Transaction<'static, Self>, Option<Record>), sqlx::Error>>
-           + Send
-           + 'a;
+        key_lock: KeyLock,
+    ) -> impl Future<Output = Result<Locked<Self>, sqlx::Error>> + Send + 'a;
 
     /// Reads the record outside any transaction: every claim starts with this
     /// read, so replays and conflicts never take a lock or open a transaction.

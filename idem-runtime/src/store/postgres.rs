@@ -18,6 +18,13 @@
 //! one sets `lock_timeout` and waits. A key with no record gets a plain
 //! `INSERT` of its completed record; an expired or taken-over one, an upsert.
 //!
+//! With [`KeyLock::Row`], for Postgres-compatible engines without advisory
+//! locks, the key's own row is its lock instead: the claim bounds its wait
+//! with `set_config('lock_timeout', …, true)`, inserts an `in_progress` row
+//! with `INSERT … ON CONFLICT DO NOTHING` (a duplicate waits on the
+//! uncommitted row) or, when the key has a committed record, locks it with
+//! `SELECT … FOR UPDATE`; the completion then upserts over that row.
+//!
 //! SQL stays within what Postgres-compatible engines accept where it costs
 //! nothing: no `ctid`, batched deletes by primary key.
 
@@ -27,10 +34,10 @@ use sqlx::pool::PoolConnection;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgRow};
 use sqlx::{PgConnection, PgPool, Pool, Postgres, Row, Transaction};
 
-use super::{millis, response_from_columns, Backend, Record, RecordStatus};
+use super::{millis, response_from_columns, Backend, Locked, Record, RecordStatus};
 use crate::operation::Operation;
 use crate::outcome::StoredResponse;
-use crate::policy::Policy;
+use crate::policy::{KeyLock, Policy};
 
 /// Ignores migrations it does not know, so an application can keep its own
 /// sqlx migrations in the same database.
@@ -68,11 +75,20 @@ pub fn pool_options(policy: &Policy, max_connections: u32) -> PgPoolOptions {
         .acquire_timeout(policy.wait_timeout.max(Duration::from_secs(5)))
 }
 
-const SELECT_RECORD: &str =
-    "SELECT status, fingerprint, response_status::int8, response_content_type, response_body, \
-       expires_at <= statement_timestamp() AS expired, \
-       (EXTRACT(EPOCH FROM (locked_until - statement_timestamp())) * 1000)::int8 AS lock_left_ms \
-     FROM idempotency_keys WHERE scope = $1 AND key = $2";
+/// The record's read, shared by the two statements below.
+macro_rules! select_record {
+    () => {
+        "SELECT status, fingerprint, response_status::int8, response_content_type, response_body, \
+           expires_at <= statement_timestamp() AS expired, \
+           (EXTRACT(EPOCH FROM (locked_until - statement_timestamp())) * 1000)::int8 AS lock_left_ms \
+         FROM idempotency_keys WHERE scope = $1 AND key = $2"
+    };
+}
+
+const SELECT_RECORD: &str = select_record!();
+
+/// The record's read under its row lock ([`KeyLock::Row`]).
+const LOCK_RECORD: &str = concat!(select_record!(), " FOR UPDATE");
 
 fn record(row: &PgRow) -> Result<Record, sqlx::Error> {
     let status: String = row.try_get(0)?;
@@ -85,6 +101,21 @@ fn record(row: &PgRow) -> Result<Record, sqlx::Error> {
         lock_left: (lock_left_ms > 0).then(|| Duration::from_millis(lock_left_ms as u64)),
     })
 }
+
+/// Bounds the claim's lock waits; answers the bound it replaces.
+const BOUND_LOCK_WAIT: &str =
+    "SELECT current_setting('lock_timeout'), set_config('lock_timeout', $1, true)";
+
+/// A row-locked claim's own row, for a key without a committed record. A
+/// duplicate's insert waits on it until this transaction ends. Restores the
+/// lock wait bound once the row is in.
+const INSERT_CLAIM_ROW: &str = "INSERT INTO idempotency_keys \
+     (scope, key, step, fingerprint, status, created_at, locked_until, expires_at) \
+     VALUES ($1, $2, $3, $4, 'in_progress', now(), now(), now() + $5 * interval '1 millisecond') \
+     ON CONFLICT (scope, key) DO NOTHING \
+     RETURNING set_config('lock_timeout', $6, true)";
+
+const RESTORE_LOCK_WAIT: &str = "SELECT set_config('lock_timeout', $1, true)";
 
 /// The completed record's insert, shared by the two statements below.
 macro_rules! insert_completed {
@@ -134,23 +165,30 @@ impl Backend for Postgres {
         conn: PoolConnection<Self>,
         op: &'a Operation,
         policy: &'a Policy,
-    ) -> Result<(Transaction<'static, Self>, Option<Record>), sqlx::Error> {
+        key_lock: KeyLock,
+    ) -> Result<Locked<Self>, sqlx::Error> {
         // sqlx's constructor for a transaction on a connection already taken
         // from the pool (public, hidden from its docs; what `Pool::begin` calls).
         let mut tx = Transaction::begin(conn, None).await?;
+        let wait_ms = i32::try_from(millis(policy.wait_timeout))
+            .unwrap_or(i32::MAX)
+            .max(1);
+        if key_lock == KeyLock::Row {
+            return lock_row_and_read(tx, op, policy, wait_ms).await;
+        }
         let row = sqlx::query("SELECT * FROM idem_lock_and_read($1, $2, $3, $4)")
             .bind(op.lock_id())
-            .bind(
-                i32::try_from(millis(policy.wait_timeout))
-                    .unwrap_or(i32::MAX)
-                    .max(1),
-            )
+            .bind(wait_ms)
             .bind(op.scope.as_stored())
             .bind(op.key.as_str())
             .fetch_optional(&mut *tx)
             .await?;
         let record = row.as_ref().map(record).transpose()?;
-        Ok((tx, record))
+        Ok(Locked {
+            tx,
+            record,
+            holds_row: false,
+        })
     }
 
     async fn lookup_unlocked<'a>(
@@ -282,6 +320,57 @@ impl Backend for Postgres {
     fn is_lock_busy(error: &sqlx::Error) -> bool {
         // 55P03 lock_not_available: lock_timeout fired while waiting for the key's lock.
         matches!(error, sqlx::Error::Database(db) if db.code().as_deref() == Some("55P03"))
+    }
+}
+
+/// [`KeyLock::Row`]: the key's own row is its lock (see the module docs).
+async fn lock_row_and_read(
+    mut tx: Transaction<'static, Postgres>,
+    op: &Operation,
+    policy: &Policy,
+    wait_ms: i32,
+) -> Result<Locked<Postgres>, sqlx::Error> {
+    let (previous, _): (String, String) = sqlx::query_as(BOUND_LOCK_WAIT)
+        .bind(format!("{wait_ms}ms"))
+        .fetch_one(&mut *tx)
+        .await?;
+    loop {
+        let inserted = sqlx::query(INSERT_CLAIM_ROW)
+            .bind(op.scope.as_stored())
+            .bind(op.key.as_str())
+            .bind(op.step)
+            .bind(&op.fingerprint.0[..])
+            .bind(millis(policy.retention) as f64)
+            .bind(&previous)
+            .fetch_optional(&mut *tx)
+            .await?;
+        if inserted.is_some() {
+            return Ok(Locked {
+                tx,
+                record: None,
+                holds_row: true,
+            });
+        }
+        // The key has a committed record (the insert waited for its
+        // writer): lock it, then lift the bound. A record purged in between
+        // sends the claim back to the insert.
+        let Some(row) = sqlx::query(LOCK_RECORD)
+            .bind(op.scope.as_stored())
+            .bind(op.key.as_str())
+            .fetch_optional(&mut *tx)
+            .await?
+        else {
+            continue;
+        };
+        sqlx::query(RESTORE_LOCK_WAIT)
+            .bind(&previous)
+            .execute(&mut *tx)
+            .await?;
+        return Ok(Locked {
+            record: Some(record(&row)?),
+            tx,
+            holds_row: false,
+        });
     }
 }
 

@@ -20,10 +20,10 @@ use sqlx::sqlite::{
 };
 use sqlx::{Pool, Row, Sqlite, SqliteConnection, SqlitePool, Transaction};
 
-use super::{millis, response_from_columns, Backend, Record, RecordStatus};
+use super::{millis, response_from_columns, Backend, Locked, Record, RecordStatus};
 use crate::operation::Operation;
 use crate::outcome::StoredResponse;
-use crate::policy::Policy;
+use crate::policy::{KeyLock, Policy};
 
 /// Ignores migrations it does not know, so an application can keep its own
 /// sqlx migrations in the same database.
@@ -152,7 +152,8 @@ impl Backend for Sqlite {
         conn: PoolConnection<Self>,
         op: &'a Operation,
         _policy: &'a Policy,
-    ) -> Result<(Transaction<'static, Self>, Option<Record>), sqlx::Error> {
+        _key_lock: KeyLock,
+    ) -> Result<Locked<Self>, sqlx::Error> {
         // The write lock up front: a deferred transaction that upgrades later
         // can fail with SQLITE_BUSY_SNAPSHOT instead of waiting.
         // sqlx's constructor for a transaction on a connection already taken
@@ -164,7 +165,11 @@ impl Backend for Sqlite {
             .fetch_optional(&mut *tx)
             .await?;
         let record = row.as_ref().map(record).transpose()?;
-        Ok((tx, record))
+        Ok(Locked {
+            tx,
+            record,
+            holds_row: false,
+        })
     }
 
     async fn lookup_unlocked<'a>(
