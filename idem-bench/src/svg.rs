@@ -57,7 +57,7 @@ pub fn chart(r: &Report) -> String {
     // bars are cut with their value printed.
     let top = (max * 1.1).ceil().clamp(1.0, 5.0);
     // The right margin holds the target lines' labels.
-    let (w, h, left, right, bottom, topm) = (1080.0, 420.0, 60.0, 120.0, 70.0, 50.0);
+    let (w, h, left, right, bottom, topm) = (1240.0, 420.0, 60.0, 120.0, 70.0, 50.0);
     let plot_h = h - bottom - topm;
     let group_w = (w - left - right) / groups.len().max(1) as f64;
     let bar_w = (group_w - 16.0) / COLORS.len() as f64;
