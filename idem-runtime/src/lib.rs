@@ -30,11 +30,13 @@ mod hex;
 pub mod http;
 pub mod key;
 pub mod operation;
+pub mod outbox;
 pub mod outcome;
 pub mod policy;
 pub mod problem;
 pub mod registry;
 pub mod scope;
+pub mod signature;
 pub mod step;
 pub mod store;
 #[cfg(feature = "test-support")]

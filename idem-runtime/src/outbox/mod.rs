@@ -1,0 +1,6 @@
+//! The transactional outbox: messages enqueued in the claim's transaction,
+//! delivered by a relay after the commit.
+
+pub mod sink;
+
+pub use sink::{Delivered, OutgoingMessage, Sink, SinkError, SinkFuture};
