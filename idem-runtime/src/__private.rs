@@ -3,25 +3,23 @@
 //! so applications never add `inventory` or `sqlx` themselves for the macros.
 
 use std::borrow::Borrow;
-use std::future::Future;
-use std::time::Duration;
 
 pub use core;
 pub use inventory;
-pub use serde;
 pub use sqlx;
 pub use tracing::Instrument;
 
-pub use crate::engine::{Claim, ClaimGuard, Completed, Engine};
-pub use crate::error::IdemError;
+use crate::engine::{Answer, Engine};
+use crate::error::IdemError;
 pub use crate::fingerprint::{fingerprint, Fingerprint, FingerprintHasher, Label};
-pub use crate::key::IdempotencyKey;
+use crate::key::IdempotencyKey;
 pub use crate::operation::Operation;
-pub use crate::outcome::{Disposition, Outcome};
+use crate::outcome::{ErrorStatus, Outcome, ReplayError, StoredResponse};
 pub use crate::policy::{ClaimMode, FailureMode, Policy};
-pub use crate::registry::{Location, Step, StepDeclaration, StepUse};
-pub use crate::scope::{Scope, ScopePart};
-pub use crate::store::Backend;
+use crate::registry::Step;
+pub use crate::registry::{Location, StepDeclaration, StepUse};
+use crate::scope::{Scope, ScopePart};
+use crate::store::Backend;
 
 /// Maps the connection type of an `#[idempotent]` function's transaction
 /// parameter to its database.
@@ -59,19 +57,48 @@ pub fn key<K: Borrow<IdempotencyKey>>(key: &K) -> IdempotencyKey {
     key.borrow().clone()
 }
 
-/// Runs `work` within `limit`, if any; `None` when it ran out of time.
-pub async fn within<F: Future>(limit: Option<Duration>, work: F) -> Option<F::Output> {
-    match limit {
-        None => Some(work.await),
-        Some(limit) => tokio::time::timeout(limit, work).await.ok(),
+/// The engine's default policy, for an operation that overrides part of it.
+pub fn policy<DB: Backend>(engine: &Engine<DB>) -> Policy {
+    *engine.policy()
+}
+
+/// How an outcome type is kept and replayed: its two [`Outcome`] functions,
+/// named by the wrapper on the user's types (through [`Stores`] or
+/// [`Completes`]) so that a type that cannot be stored is reported there.
+pub struct Codec<O> {
+    to_stored: fn(&O) -> Option<StoredResponse>,
+    from_stored: fn(StoredResponse) -> Result<O, ReplayError>,
+}
+
+impl<O: Outcome> Codec<O> {
+    /// `O`'s own [`Outcome`] functions.
+    pub const OUTCOME: Self = Codec {
+        to_stored: O::to_stored,
+        from_stored: O::from_stored,
+    };
+
+    /// [`Codec::OUTCOME`], with `O` inferred (for a return type that mentions
+    /// `impl Trait` and cannot be named).
+    pub const fn outcome() -> Self {
+        Self::OUTCOME
     }
 }
 
-/// Rolls back a claim whose work ran out of time.
-pub async fn timed_out<DB: Backend, O>(guard: ClaimGuard<DB>) -> Result<Completed<O>, IdemError> {
-    let limit = guard.work_timeout().unwrap_or_default();
-    guard.finish(Disposition::Discard).await?;
-    Err(IdemError::TimedOut { limit })
+/// The whole wrapper: claims `op`, runs `work` in the claim's transaction and
+/// stores its outcome, or replays, or refuses; as [`Engine::run`] does.
+pub async fn run<DB, O, F>(
+    engine: &Engine<DB>,
+    op: &Operation,
+    codec: Codec<O>,
+    work: F,
+) -> Result<Answer<O>, IdemError>
+where
+    DB: Backend,
+    F: AsyncFnOnce(&mut DB::Connection) -> O,
+{
+    engine
+        .run_as(op, codec.to_stored, codec.from_stored, work)
+        .await
 }
 
 /// A success value that can be stored and replayed: it serializes and
@@ -97,32 +124,12 @@ impl<T: serde::Serialize + serde::de::DeserializeOwned> Storable for T {}
     note = "add `#[derive(serde::Serialize, serde::Deserialize)]` to `{Self}`"
 )]
 pub trait Stores<E>: Sized {
-    /// Stores the outcome of the work (or discards it) and commits.
-    #[allow(async_fn_in_trait)] // only generated code calls it, with concrete types
-    async fn complete<DB: Backend>(
-        guard: ClaimGuard<DB>,
-        value: Result<Self, E>,
-    ) -> Result<Completed<Result<Self, E>>, IdemError>;
-
-    /// Decodes a replayed response.
-    fn replayed(
-        stored: crate::outcome::StoredResponse,
-    ) -> Result<Completed<Result<Self, E>>, IdemError>;
+    /// How `Result<Self, E>` is kept and replayed.
+    const CODEC: Codec<Result<Self, E>>;
 }
 
-impl<T: Storable, E: crate::outcome::ErrorOutcome> Stores<E> for T {
-    async fn complete<DB: Backend>(
-        guard: ClaimGuard<DB>,
-        value: Result<T, E>,
-    ) -> Result<Completed<Result<T, E>>, IdemError> {
-        guard.complete(value).await
-    }
-
-    fn replayed(
-        stored: crate::outcome::StoredResponse,
-    ) -> Result<Completed<Result<T, E>>, IdemError> {
-        replayed(stored)
-    }
+impl<T: Storable, E: ErrorStatus> Stores<E> for T {
+    const CODEC: Codec<Result<T, E>> = Codec::OUTCOME;
 }
 
 /// How the wrapper of a function whose return type is not spelled
@@ -131,47 +138,31 @@ impl<T: Storable, E: crate::outcome::ErrorOutcome> Stores<E> for T {
 #[diagnostic::on_unimplemented(
     message = "`{Self}` cannot be stored as an idempotent outcome",
     label = "not storable: return `Result<T, E>`",
-    note = "an idempotent operation returns `Result<T, E>` where `T: Serialize + DeserializeOwned` (stored and replayed as JSON) and `E: ErrorOutcome` (deterministic errors are stored, transient ones roll back)"
+    note = "an idempotent operation returns `Result<T, E>` where `T: Serialize + DeserializeOwned` (stored and replayed as JSON) and `E: ErrorStatus` (deterministic errors are stored, transient ones roll back)"
 )]
 pub trait Completes: Sized {
-    /// Stores the outcome of the work (or discards it) and commits.
-    #[allow(async_fn_in_trait)] // only generated code calls it, with concrete types
-    async fn complete<DB: Backend>(
-        guard: ClaimGuard<DB>,
-        value: Self,
-    ) -> Result<Completed<Self>, IdemError>;
-
-    /// Decodes a replayed response.
-    fn replayed(stored: crate::outcome::StoredResponse) -> Result<Completed<Self>, IdemError>;
+    /// How `Self` is kept and replayed.
+    const CODEC: Codec<Self>;
 }
 
 // `do_not_recommend`: the error names `Completes` (with `Outcome`'s wording)
 // rather than listing `Outcome`'s impls, which would quote this crate's source.
 #[diagnostic::do_not_recommend]
 impl<O: Outcome> Completes for O {
-    async fn complete<DB: Backend>(
-        guard: ClaimGuard<DB>,
-        value: O,
-    ) -> Result<Completed<O>, IdemError> {
-        guard.complete(value).await
-    }
-
-    fn replayed(stored: crate::outcome::StoredResponse) -> Result<Completed<O>, IdemError> {
-        replayed(stored)
-    }
+    const CODEC: Codec<O> = Codec::OUTCOME;
 }
 
 /// The error type of an `#[idempotent]` function, checked: `Checked` is `E`
-/// itself when `E: ErrorOutcome`. The wrapper names `<E as CheckedError>::Checked`
-/// spanned on `E`, so a missing impl is reported there (with `ErrorOutcome`'s
+/// itself when `E: ErrorStatus`. The wrapper names `<E as CheckedError>::Checked`
+/// spanned on `E`, so a missing impl is reported there (with `ErrorStatus`'s
 /// own message), not only on the success type where `Stores` is named.
 pub trait CheckedError {
     /// `Self`.
-    type Checked: crate::outcome::ErrorOutcome;
+    type Checked: ErrorStatus;
 }
 
 #[diagnostic::do_not_recommend]
-impl<E: crate::outcome::ErrorOutcome> CheckedError for E {
+impl<E: ErrorStatus> CheckedError for E {
     type Checked = E;
 }
 
@@ -190,13 +181,6 @@ pub fn fingerprint_with<T: ?Sized>(
     let mut hasher = FingerprintHasher::new(step);
     write(value, &mut hasher);
     hasher.finish()
-}
-
-/// Decodes a replayed response into the operation's outcome type.
-pub fn replayed<O: Outcome>(
-    stored: crate::outcome::StoredResponse,
-) -> Result<Completed<O>, IdemError> {
-    Completed::replayed(stored)
 }
 
 #[cfg(feature = "axum")]

@@ -40,12 +40,12 @@ pub mod store;
 #[cfg(feature = "test-support")]
 pub mod test_support;
 
-pub use engine::{Claim, ClaimGuard, Completed, Engine, Stats, Via};
+pub use engine::{Answer, Claim, ClaimGuard, Engine, Replay, Stats, Via};
 pub use error::IdemError;
 pub use fingerprint::{fingerprint, Fingerprint, FingerprintHasher, Label, RequestHash};
 pub use key::{IdempotencyKey, KeyError};
 pub use operation::Operation;
-pub use outcome::{Disposition, ErrorOutcome, Outcome, ReplayError, StoredResponse};
+pub use outcome::{ErrorStatus, Outcome, ReplayError, StoredResponse};
 pub use policy::{ClaimMode, FailureMode, KeyLock, Policy};
 pub use problem::Problem;
 pub use registry::Step;

@@ -64,8 +64,8 @@ pub enum FailureMode {
 /// use std::time::Duration;
 ///
 /// let policy = Policy::default()
-///     .retention(Duration::from_secs(7 * 24 * 3600))
-///     .wait_timeout(Duration::from_millis(500));
+///     .with_retention(Duration::from_secs(7 * 24 * 3600))
+///     .with_wait_timeout(Duration::from_millis(500));
 /// assert_eq!(policy.lock_ttl, Duration::from_secs(30));
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -104,32 +104,32 @@ impl Default for Policy {
 
 impl Policy {
     /// Sets [`Policy::retention`].
-    pub fn retention(mut self, retention: Duration) -> Self {
+    pub fn with_retention(mut self, retention: Duration) -> Self {
         self.retention = retention;
         self
     }
     /// Sets [`Policy::lock_ttl`].
-    pub fn lock_ttl(mut self, lock_ttl: Duration) -> Self {
+    pub fn with_lock_ttl(mut self, lock_ttl: Duration) -> Self {
         self.lock_ttl = lock_ttl;
         self
     }
     /// Sets [`Policy::wait_timeout`].
-    pub fn wait_timeout(mut self, wait_timeout: Duration) -> Self {
+    pub fn with_wait_timeout(mut self, wait_timeout: Duration) -> Self {
         self.wait_timeout = wait_timeout;
         self
     }
     /// Sets [`Policy::work_timeout`].
-    pub fn work_timeout(mut self, work_timeout: Duration) -> Self {
+    pub fn with_work_timeout(mut self, work_timeout: Duration) -> Self {
         self.work_timeout = Some(work_timeout);
         self
     }
     /// Sets [`Policy::failure_mode`].
-    pub fn failure_mode(mut self, failure_mode: FailureMode) -> Self {
+    pub fn with_failure_mode(mut self, failure_mode: FailureMode) -> Self {
         self.failure_mode = failure_mode;
         self
     }
     /// Sets [`Policy::claim_mode`].
-    pub fn claim_mode(mut self, claim_mode: ClaimMode) -> Self {
+    pub fn with_claim_mode(mut self, claim_mode: ClaimMode) -> Self {
         self.claim_mode = claim_mode;
         self
     }

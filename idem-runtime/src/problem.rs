@@ -3,14 +3,14 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::outcome::ErrorOutcome;
+use crate::outcome::ErrorStatus;
 
 /// An error with an HTTP-style status, a short title and a detail for the
 /// client. Below 500 it is deterministic (stored and replayed); 500 and above
 /// it is transient (rolled back, the retry runs).
 ///
 /// ```
-/// use idem_runtime::{ErrorOutcome, Problem};
+/// use idem_runtime::{ErrorStatus, Problem};
 /// let declined = Problem::new(402, "card declined");
 /// assert_eq!(declined.status(), 402);
 /// ```
@@ -44,9 +44,9 @@ impl Problem {
 }
 
 // Not listed in "the trait is implemented for" hints, which would quote this
-// line in users' compile errors; the `ErrorOutcome` note names `Problem`.
+// line in users' compile errors; the `ErrorStatus` note names `Problem`.
 #[diagnostic::do_not_recommend]
-impl ErrorOutcome for Problem {
+impl ErrorStatus for Problem {
     fn status(&self) -> u16 {
         self.status
     }

@@ -23,11 +23,9 @@ pub(crate) fn wrapper(args: &Args, function: &syn::ItemFn, analysis: Analysis) -
     } = function;
     let fn_name = sig.ident.to_string();
     let engine = Ident::new("engine", Span::mixed_site());
-    let guard = Ident::new("__idem_guard", Span::mixed_site());
     let op = Ident::new("__idem_op", Span::mixed_site());
     let step = Ident::new("__idem_step", Span::mixed_site());
     let value = Ident::new("__idem_value", Span::mixed_site());
-    let result = Ident::new("__idem_result", Span::mixed_site());
     let fingerprint = Ident::new("__idem_fingerprint", Span::mixed_site());
     let key = Ident::new("__idem_key", Span::mixed_site());
 
@@ -72,7 +70,7 @@ pub(crate) fn wrapper(args: &Args, function: &syn::ItemFn, analysis: Analysis) -
     let output = if args.http {
         quote!(::idem::__private::axum::response::Response)
     } else {
-        quote!(::idem::__private::core::result::Result<::idem::Completed<#user_ret>, ::idem::IdemError>)
+        quote!(::idem::__private::core::result::Result<::idem::Answer<#user_ret>, ::idem::IdemError>)
     };
 
     // The step: a checked literal, or a declared `Step` constant.
@@ -132,60 +130,28 @@ pub(crate) fn wrapper(args: &Args, function: &syn::ItemFn, analysis: Analysis) -
         });
     let scope = &analysis.scope;
 
-    let policy = args.overrides_policy().then(|| {
-        let duration =
-            |millis: u64| quote!(::idem::__private::core::time::Duration::from_millis(#millis));
-        let mut sets = TokenStream::new();
-        if let Some(retain) = &args.retain {
-            let d = duration(retain.millis);
-            sets.extend(quote!(policy.retention = #d;));
-        }
-        if let Some(lock_ttl) = &args.lock_ttl {
-            let d = duration(lock_ttl.millis);
-            sets.extend(quote!(policy.lock_ttl = #d;));
-        }
-        if let Some(wait) = &args.wait {
-            let d = duration(wait.millis);
-            sets.extend(quote!(policy.wait_timeout = #d;));
-        }
-        if let Some(timeout) = &args.timeout {
-            let d = duration(timeout.millis);
-            sets.extend(
-                quote!(policy.work_timeout = ::idem::__private::core::option::Option::Some(#d);),
-            );
-        }
-        if args.fail_open {
-            sets.extend(quote!(policy.failure_mode = ::idem::__private::FailureMode::Open;));
-        }
-        if args.durable {
-            sets.extend(quote!(policy.claim_mode = ::idem::__private::ClaimMode::Durable;));
-        }
-        let engine_ref = if args.http {
-            quote!(&#engine)
-        } else {
-            quote!(#engine)
-        };
-        quote! {
-            let #op = #op.policy({
-                let mut policy = *::idem::Engine::policy(#engine_ref);
-                #sets
-                policy
-            });
-        }
-    });
+    let engine_ref = if args.http {
+        quote!(&#engine)
+    } else {
+        quote!(#engine)
+    };
+    let policy = policy(args, &engine_ref)
+        .map(|policy| quote!(let #op = ::idem::__private::Operation::with_policy(#op, #policy);));
 
     let tx_pat = &tx.pat;
     let tx_ty = &tx.ty;
-    let body = if mentions_impl(&user_ret) {
-        quote_spanned!(block.span()=> async move #block)
+    // The work: an async closure over the transaction, its body the user's
+    // block, spanned on it.
+    let user_body = if mentions_impl(&user_ret) {
+        block.to_token_stream()
     } else {
         // A fake return edge (as in `tracing`'s `#[instrument]`): the first
-        // `return` of the async block has the declared type, so the block's
-        // output is pinned before the body is checked; `?` and a mistyped
-        // tail are then reported on the user's lines, not on the wrapper.
+        // `return` has the declared type, so the output is pinned before the
+        // body is checked; `?` and a mistyped tail are then reported on the
+        // user's lines, not on the wrapper.
         let fake = Ident::new("__idem_fake_return", Span::mixed_site());
         quote_spanned! {block.span()=>
-            async move {
+            {
                 #[allow(
                     unknown_lints,
                     unreachable_code,
@@ -202,82 +168,51 @@ pub(crate) fn wrapper(args: &Args, function: &syn::ItemFn, analysis: Analysis) -
             }
         }
     };
-    let engine_ref = if args.http {
-        quote!(&#engine)
+    let work = if args.http {
+        // The rendered response is what is stored; the user's block keeps its
+        // own `return`s, inside an async block of its own.
+        quote_spanned! {block.span()=>
+            async move |#tx_pat: #tx_ty| {
+                let #value = ::idem::__private::axum::response::IntoResponse::into_response(
+                    async move #user_body.await,
+                );
+                ::idem::__private::http::into_stored(#value).await
+            }
+        }
     } else {
-        quote!(#engine)
+        quote_spanned!(block.span()=> async move |#tx_pat: #tx_ty| #user_body)
     };
 
-    let (complete, replay) = if args.http {
-        (
-            quote! {
-                let #value = ::idem::__private::axum::response::IntoResponse::into_response(#value);
-                #guard.complete(::idem::__private::http::into_stored(#value).await).await
-            },
-            quote!(::idem::__private::replayed::<::idem::StoredResponse>(
-                stored
-            )),
-        )
+    // How the outcome is kept and replayed, named on the user's types.
+    let codec = if args.http || mentions_impl(&user_ret) {
+        quote!(::idem::__private::Codec::outcome())
     } else if let Some(success) = success {
         // Every obligation on `T` must land on one span, or rustc reports it
-        // once per span: the path, the call and the `.await` (which names the
-        // trait again) are all spanned on `T`'s first token, and so is `T`
-        // itself, re-spanned, so that `Vec<Receipt>` is one span too.
+        // once per span: the path is spanned on `T`'s first token, and so is
+        // `T` itself, re-spanned, so that `Vec<Receipt>` is one span too.
         let span = type_span(success);
         let success = respan(success, span);
         // `E` goes through `<E as CheckedError>::Checked`, spanned on `E`: an
-        // `E` without `ErrorOutcome` gets an error there (and, as `Stores`
+        // `E` without `ErrorStatus` gets an error there (and, as `Stores`
         // needs it too, a second one on `T`).
         let error = result_error(&user_ret).map_or_else(
             || quote!(_),
             |error| quote_spanned!(type_span(error)=> <#error as ::idem::__private::CheckedError>::Checked),
         );
-        let stores = quote_spanned!(span=> <#success as ::idem::__private::Stores<#error>>);
-        (
-            quote_spanned!(span=> #stores::complete(#guard, #value).await),
-            quote_spanned!(span=> #stores::replayed(stored)),
-        )
-    } else if !mentions_impl(&user_ret) {
+        quote_spanned!(span=> <#success as ::idem::__private::Stores<#error>>::CODEC)
+    } else {
         // Any other `Outcome` (an alias, a hand-written impl): through
         // `<O as Completes>`, on one span, as for `Stores` above.
         let outcome = respan(&user_ret, ret_span);
-        let completes = quote_spanned!(ret_span=> <#outcome as ::idem::__private::Completes>);
-        (
-            quote_spanned!(ret_span=> #completes::complete(#guard, #value).await),
-            quote_spanned!(ret_span=> #completes::replayed(stored)),
-        )
-    } else {
-        (
-            quote!(#guard.complete(#value).await),
-            quote!(::idem::__private::replayed(stored)),
-        )
+        quote_spanned!(ret_span=> <#outcome as ::idem::__private::Completes>::CODEC)
     };
-    let run = quote! {
-        match ::idem::Engine::claim(#engine_ref, &#op).await {
-            ::idem::__private::core::result::Result::Err(error) => ::idem::__private::core::result::Result::Err(error),
-            ::idem::__private::core::result::Result::Ok(::idem::__private::Claim::Replay(stored)) => #replay,
-            ::idem::__private::core::result::Result::Ok(::idem::__private::Claim::Execute(mut #guard)) => {
-                let #value = {
-                    let limit = #guard.work_timeout();
-                    let #tx_pat: #tx_ty = #guard.connection();
-                    ::idem::__private::within(limit, #body).await
-                };
-                match #value {
-                    ::idem::__private::core::option::Option::Some(#value) => { #complete }
-                    ::idem::__private::core::option::Option::None => ::idem::__private::timed_out(#guard).await,
-                }
-            }
-        }
-    };
+    let run = quote!(::idem::__private::run(#engine_ref, &#op, #codec, #work).await);
     let finish = if args.http {
         // One `idem.request` span per request (scope, step, key tag), whose
         // outcome `respond` records.
         quote! {
             ::idem::__private::Instrument::instrument(
-                async {
-                    let #result = #run;
-                    ::idem::__private::http::respond(#result)
-                },
+                async { ::idem::__private::http::respond(#run) },
                 ::idem::__private::http::operation_span(&#op),
             )
             .await
@@ -285,7 +220,6 @@ pub(crate) fn wrapper(args: &Args, function: &syn::ItemFn, analysis: Analysis) -
     } else {
         run
     };
-
     let syn::Signature {
         constness,
         unsafety,
@@ -313,6 +247,39 @@ pub(crate) fn wrapper(args: &Args, function: &syn::ItemFn, analysis: Analysis) -
             #finish
         }
     }
+}
+
+/// The engine's policy with the attribute's overrides, if it has any.
+fn policy(args: &Args, engine: &TokenStream) -> Option<TokenStream> {
+    if !args.overrides_policy() {
+        return None;
+    }
+    let duration =
+        |millis: u64| quote!(::idem::__private::core::time::Duration::from_millis(#millis));
+    let mut policy = quote!(::idem::__private::policy(#engine));
+    if let Some(retain) = &args.retain {
+        let d = duration(retain.millis);
+        policy = quote!(#policy.with_retention(#d));
+    }
+    if let Some(lock_ttl) = &args.lock_ttl {
+        let d = duration(lock_ttl.millis);
+        policy = quote!(#policy.with_lock_ttl(#d));
+    }
+    if let Some(wait) = &args.wait {
+        let d = duration(wait.millis);
+        policy = quote!(#policy.with_wait_timeout(#d));
+    }
+    if let Some(timeout) = &args.timeout {
+        let d = duration(timeout.millis);
+        policy = quote!(#policy.with_work_timeout(#d));
+    }
+    if args.fail_open {
+        policy = quote!(#policy.with_failure_mode(::idem::__private::FailureMode::Open));
+    }
+    if args.durable {
+        policy = quote!(#policy.with_claim_mode(::idem::__private::ClaimMode::Durable));
+    }
+    Some(policy)
 }
 
 /// The database of the engine that replaces a `&mut <Connection>` parameter.

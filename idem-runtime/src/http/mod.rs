@@ -36,12 +36,12 @@
 //!     async move {
 //!         let mut guard = match engine.claim(&op).await {
 //!             Ok(Claim::Execute(guard)) => guard,
-//!             Ok(Claim::Replay(stored)) => return http::respond(Claim::<Sqlite>::replayed(stored)),
+//!             Ok(Claim::Replay(replay)) => return http::respond(replay.decode()),
 //!             Err(error) => return http::respond(Err(error)),
 //!         };
-//!         // ... business writes on guard.connection() ...
+//!         // ... business writes on `&mut *guard`, the claim's connection ...
 //!         let stored = http::into_stored((axum::http::StatusCode::CREATED, axum::Json(body)).into_response()).await;
-//!         http::respond(guard.complete(stored).await)
+//!         http::respond(guard.commit(stored).await)
 //!     }
 //!     .instrument(span)
 //!     .await

@@ -40,7 +40,7 @@ pub fn record_outcome(outcome: &'static str) {
 /// The outcome label of a result.
 pub(crate) fn label(result: Result<Via, &IdemError>) -> &'static str {
     match result {
-        Ok(via) => via.label(),
+        Ok(via) => via.as_str(),
         Err(IdemError::Mismatch) => "mismatch",
         Err(IdemError::InProgress { .. }) => "in_progress",
         Err(_) => "rejected",
