@@ -78,12 +78,8 @@ macro_rules! engine_plan {
                     ..Policy::default()
                 };
                 let pool = <Db as TestBackend>::pool_of(&h.url, &policy, 1).await;
-                let key_lock = h.engine.key_lock();
-                let single = h.with_engine(
-                    Engine::new(pool)
-                        .with_policy(policy)
-                        .with_key_lock(key_lock),
-                );
+                let engine = h.engine.clone().with_pool(pool).with_policy(policy);
+                let single = h.with_engine(engine);
                 let op = operation("acme", "k-one", 700);
                 let first = charge(&single, &op, 700).await.unwrap();
                 let again = charge(&single, &op, 700).await.unwrap();

@@ -16,9 +16,9 @@ use crate::key::IdempotencyKey;
 pub use crate::operation::Operation;
 use crate::outcome::{ErrorStatus, Outcome, ReplayError, StoredResponse};
 pub use crate::policy::{ClaimMode, FailureMode, Policy};
-use crate::registry::Step;
 pub use crate::registry::{Location, StepDeclaration, StepUse};
 use crate::scope::{Scope, ScopePart};
+use crate::step::Step;
 use crate::store::Backend;
 
 /// Maps the connection type of an `#[idempotent]` function's transaction

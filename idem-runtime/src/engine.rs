@@ -11,7 +11,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use crate::error::{whole_seconds, IdemError};
 use crate::operation::Operation;
 use crate::outcome::{Outcome, ReplayError, StoredResponse};
-use crate::policy::{ClaimMode, FailureMode, KeyLock, Policy};
+use crate::policy::{ClaimMode, FailureMode, Policy};
 use crate::store::{Backend, Locked, Record, RecordStatus};
 
 /// How an operation's answer came about.
@@ -129,7 +129,8 @@ pub struct Stats {
 pub struct Engine<DB: Backend> {
     pool: Pool<DB>,
     policy: Policy,
-    key_lock: KeyLock,
+    /// The backend's own settings (Postgres: its key lock).
+    pub(crate) settings: DB::Settings,
     counters: Arc<Counters>,
     /// Where the backend's write lock is database-wide (SQLite), claims from
     /// this engine (and its clones) queue here, first come first served,
@@ -142,7 +143,7 @@ impl<DB: Backend> Clone for Engine<DB> {
         Self {
             pool: self.pool.clone(),
             policy: self.policy,
-            key_lock: self.key_lock,
+            settings: self.settings,
             counters: self.counters.clone(),
             write_gate: self.write_gate.clone(),
         }
@@ -154,7 +155,7 @@ impl<DB: Backend> std::fmt::Debug for Engine<DB> {
         f.debug_struct("Engine")
             .field("backend", &<DB as sqlx::Database>::NAME)
             .field("policy", &self.policy)
-            .field("key_lock", &self.key_lock)
+            .field("settings", &self.settings)
             .finish()
     }
 }
@@ -175,7 +176,7 @@ impl<DB: Backend> Engine<DB> {
         Self {
             pool,
             policy: Policy::default(),
-            key_lock: KeyLock::default(),
+            settings: DB::Settings::default(),
             counters: Arc::default(),
             write_gate: DB::SERIALIZE_WRITERS.then(|| Arc::new(Semaphore::new(1))),
         }
@@ -187,16 +188,10 @@ impl<DB: Backend> Engine<DB> {
         self
     }
 
-    /// Sets how claims hold their key ([`KeyLock::Advisory`] by default; see
-    /// [`KeyLock`] for when to choose [`KeyLock::Row`]).
-    pub fn with_key_lock(mut self, key_lock: KeyLock) -> Self {
-        self.key_lock = key_lock;
-        self
-    }
-
-    /// How claims hold their key.
-    pub fn key_lock(&self) -> KeyLock {
-        self.key_lock
+    /// This engine's policy and backend settings over another pool of the
+    /// same database (one sized differently, say).
+    pub fn with_pool(self, pool: Pool<DB>) -> Self {
+        Self { pool, ..self }
     }
 
     /// The pool, for the application's own queries.
@@ -333,7 +328,7 @@ impl<DB: Backend> Engine<DB> {
             mut tx,
             record,
             holds_row,
-        } = match DB::lock_and_read(conn, op, &policy, self.key_lock).await {
+        } = match DB::lock_and_read(conn, op, &policy, self.settings).await {
             Ok(locked) => locked,
             Err(error) if DB::is_lock_busy(&error) => return Err(in_progress_unknown()),
             Err(error) => return self.store_down(op, &policy, error).await,
@@ -544,7 +539,7 @@ impl<DB: Backend> ClaimGuard<DB> {
         };
         let written = match (via, token) {
             (Via::FailedOpen, _) => Ok(true),
-            (_, Some(token)) => DB::complete_claim(&mut tx, &op, token, &response, &policy).await,
+            (_, Some(token)) => DB::write_claimed(&mut tx, &op, token, &response, &policy).await,
             (_, None) => DB::write_completed(&mut tx, &op, &response, &policy, replaces)
                 .await
                 .map(|()| true),

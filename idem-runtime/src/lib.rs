@@ -46,11 +46,12 @@ pub use fingerprint::{fingerprint, Fingerprint, FingerprintHasher, Label, Reques
 pub use key::{IdempotencyKey, KeyError};
 pub use operation::Operation;
 pub use outcome::{ErrorStatus, Outcome, ReplayError, StoredResponse};
-pub use policy::{ClaimMode, FailureMode, KeyLock, Policy};
+pub use policy::{ClaimMode, FailureMode, Policy};
 pub use problem::Problem;
-pub use registry::Step;
 pub use scope::{Scope, ScopePart};
-pub use step::{check_step_name, child_key, StepNameError};
+pub use step::{check_step_name, child_key, Step, StepNameError};
+#[cfg(feature = "postgres")]
+pub use store::postgres::KeyLock;
 pub use store::Backend;
 
 pub use sqlx;

@@ -17,36 +17,6 @@ pub enum ClaimMode {
     Durable,
 }
 
-/// How a Postgres claim holds its key against concurrent duplicates.
-///
-/// Every engine and step on one database must use the same kind: a claim of
-/// one kind does not wait for a claim of the other. SQLite ignores it (its
-/// write lock is database-wide).
-///
-/// ```
-/// use idem_runtime::{Engine, KeyLock};
-/// # async fn demo(pool: sqlx::PgPool) {
-/// // For a Postgres-compatible engine without advisory locks:
-/// let engine = Engine::new(pool).with_key_lock(KeyLock::Row);
-/// assert_eq!(engine.key_lock(), KeyLock::Row);
-/// # }
-/// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum KeyLock {
-    /// A transaction-scoped advisory lock on a hash of `(scope, key)`, taken
-    /// with the record's read in one statement; the record is written once,
-    /// completed, just before the commit. The default, and the fastest.
-    #[default]
-    Advisory,
-    /// The key's own row: the claim inserts an `in_progress` row with plain
-    /// `INSERT … ON CONFLICT DO NOTHING` (a duplicate waits on the uncommitted
-    /// row, at most `wait_timeout`) or locks the existing one with `SELECT …
-    /// FOR UPDATE`, and the completion updates it. For Postgres-compatible
-    /// engines without advisory locks; it writes two tuple versions per key
-    /// and takes more statements.
-    Row,
-}
-
 /// What happens when the store cannot be reached.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum FailureMode {
