@@ -6,7 +6,8 @@ use quote::quote;
 use syn::parse::{Parse, ParseStream};
 use syn::{Attribute, Ident, LitStr, Token, Visibility};
 
-use crate::errors::{check_step_name, Errors};
+use crate::errors::Errors;
+use crate::rules::check_step_name;
 
 struct Declaration {
     attrs: Vec<Attribute>,

@@ -5,7 +5,7 @@ use syn::ext::IdentExt;
 use syn::parse::{Parse, ParseStream};
 use syn::{bracketed, Ident, LitStr, Path, Token};
 
-use crate::errors::{check_step_name, parse_millis};
+use crate::rules::{check_step_name, parse_millis};
 
 const EXPECTED: &str = "expected one of `scope`, `step`, `retain`, `lock_ttl`, `wait`, `timeout`, `fail_open`, `durable`, `http`";
 
