@@ -63,6 +63,6 @@ mod trace;
 
 pub use json::{Json, JsonRejection};
 pub use key::{parse_header_value, KeyRejection, IDEMPOTENCY_KEY};
-pub use problem::ProblemDetails;
+
 pub use response::{into_stored, respond, IDEMPOTENT_REPLAYED};
 pub use trace::{operation_span, record_outcome};
