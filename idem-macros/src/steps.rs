@@ -71,7 +71,7 @@ pub(crate) fn steps(input: TokenStream) -> TokenStream {
         Ok(declarations) => declarations,
         Err(error) => return error.to_compile_error(),
     };
-    let mut errors = Errors::default();
+    let mut errors = Errors::new();
     let mut seen: Vec<String> = Vec::new();
     for declaration in &declarations {
         let value = declaration.value.value();
@@ -86,8 +86,8 @@ pub(crate) fn steps(input: TokenStream) -> TokenStream {
         }
         seen.push(value);
     }
-    if let Some(errors) = errors.finish() {
-        return errors;
+    if let Err(reported) = errors.check() {
+        return reported;
     }
     declarations
         .iter()

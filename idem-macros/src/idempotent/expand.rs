@@ -3,8 +3,9 @@
 //! The signature keeps every parameter but one: the transaction parameter
 //! (`tx: &mut SqliteConnection`) becomes the engine (`engine: &Engine<Sqlite>`,
 //! or `engine: Engine<Sqlite>` as an axum extractor). The body is re-emitted as
-//! written inside `async move`, spanned on the user's block, so errors in it
-//! still point at the user's lines and `?`/`return` keep their meaning.
+//! written as an async closure over the transaction, spanned on the user's
+//! block, so errors in it still point at the user's lines and `?`/`return`
+//! keep their meaning; `__private::run` does the rest, as `Engine::run` does.
 
 use proc_macro2::{Ident, Span, TokenStream};
 use quote::{quote, quote_spanned, ToTokens};
@@ -14,37 +15,95 @@ use syn::{FnArg, GenericArgument, PathArguments, ReturnType, Type};
 use super::attr::{Args, StepArg};
 use super::params::{peel, type_span, Analysis};
 
-pub(crate) fn wrapper(args: &Args, function: &syn::ItemFn, analysis: Analysis) -> TokenStream {
-    let syn::ItemFn {
-        attrs,
-        vis,
-        sig,
-        block,
-    } = function;
-    let fn_name = sig.ident.to_string();
-    let engine = Ident::new("engine", Span::mixed_site());
-    let op = Ident::new("__idem_op", Span::mixed_site());
-    let step = Ident::new("__idem_step", Span::mixed_site());
-    let value = Ident::new("__idem_value", Span::mixed_site());
-    let fingerprint = Ident::new("__idem_fingerprint", Span::mixed_site());
-    let key = Ident::new("__idem_key", Span::mixed_site());
+/// The wrapper's own names, at mixed-site hygiene: the user's code can
+/// neither see nor shadow them.
+struct Locals {
+    engine: Ident,
+    op: Ident,
+    step: Ident,
+    value: Ident,
+    fingerprint: Ident,
+    key: Ident,
+}
 
+impl Locals {
+    fn new() -> Self {
+        let local = |name: &str| Ident::new(name, Span::mixed_site());
+        Self {
+            engine: local("engine"),
+            op: local("__idem_op"),
+            step: local("__idem_step"),
+            value: local("__idem_value"),
+            fingerprint: local("__idem_fingerprint"),
+            key: local("__idem_key"),
+        }
+    }
+}
+
+/// The whole wrapper: the signature, the step's registration, the
+/// operation (with its policy) and the body that runs it.
+pub(crate) fn wrapper(args: &Args, function: &syn::ItemFn, analysis: Analysis) -> TokenStream {
+    let locals = Locals::new();
+    let user_ret: Type = match &function.sig.output {
+        ReturnType::Default => syn::parse_quote!(()),
+        ReturnType::Type(_, ty) => (**ty).clone(),
+    };
+    let signature = signature(args, function, &analysis, &locals, &user_ret);
+    // The step: a checked literal, or a declared `Step` constant.
+    let step_expr = match args.step.as_ref().expect("checked") {
+        StepArg::Literal(literal) => literal.to_token_stream(),
+        StepArg::Path(path) => quote_spanned!(path.span()=> ::idem::__private::step_name(#path)),
+    };
+    let registration = registration(&step_expr, &function.sig.ident);
+    let operation = operation(&analysis, &locals);
+    let engine = &locals.engine;
+    let engine_ref = if args.http {
+        quote!(&#engine)
+    } else {
+        quote!(#engine)
+    };
+    let op = &locals.op;
+    let policy = policy(args, &engine_ref)
+        .map(|policy| quote!(let #op = ::idem::__private::Operation::with_policy(#op, #policy);));
+    let body = body(args, function, &analysis, &locals, &user_ret, &engine_ref);
+    let step = &locals.step;
+    quote! {
+        #signature {
+            #registration
+            let #step: &'static str = #step_expr;
+            #operation
+            #policy
+            #body
+        }
+    }
+}
+
+/// The wrapper's signature: the function's own, the transaction parameter
+/// swapped for the engine and the return type for the engine's answer.
+fn signature(
+    args: &Args,
+    function: &syn::ItemFn,
+    analysis: &Analysis,
+    locals: &Locals,
+    user_ret: &Type,
+) -> TokenStream {
+    let syn::ItemFn {
+        attrs, vis, sig, ..
+    } = function;
     let tx = analysis.params[analysis.tx]
         .as_ref()
         .expect("the transaction is a typed parameter");
     let database = database_of(&tx.ty);
+    let engine = &locals.engine;
     let engine_ty = if args.http {
         quote!(::idem::Engine<#database>)
     } else {
         quote!(&::idem::Engine<#database>)
     };
-
-    // The wrapper's parameters: the originals, the transaction swapped for the engine.
     let inputs = sig.inputs.iter().enumerate().map(|(index, input)| {
         match (input, &analysis.params[index]) {
-            (FnArg::Typed(typed), Some(param)) if index == analysis.tx => {
+            (FnArg::Typed(typed), Some(_)) if index == analysis.tx => {
                 let attrs = &typed.attrs;
-                let _ = param;
                 quote!(#(#attrs)* #engine: #engine_ty)
             }
             (FnArg::Typed(typed), Some(param)) => {
@@ -61,45 +120,57 @@ pub(crate) fn wrapper(args: &Args, function: &syn::ItemFn, analysis: Analysis) -
             (receiver, _) => receiver.to_token_stream(),
         }
     });
-
-    let user_ret: Type = match &sig.output {
-        ReturnType::Default => syn::parse_quote!(()),
-        ReturnType::Type(_, ty) => (**ty).clone(),
-    };
-    let ret_span = type_span(&user_ret);
     let output = if args.http {
         quote!(::idem::__private::axum::response::Response)
     } else {
         quote!(::idem::__private::core::result::Result<::idem::Answer<#user_ret>, ::idem::IdemError>)
     };
+    let syn::Signature {
+        constness,
+        unsafety,
+        abi,
+        ident,
+        generics,
+        ..
+    } = sig;
+    let where_clause = &generics.where_clause;
+    quote! {
+        #(#attrs)*
+        #vis #constness async #unsafety #abi fn #ident #generics(#(#inputs),*) -> #output #where_clause
+    }
+}
 
-    // The step: a checked literal, or a declared `Step` constant.
-    let step_expr = match args.step.as_ref().expect("checked") {
-        StepArg::Literal(literal) => literal.to_token_stream(),
-        StepArg::Path(path) => quote_spanned!(path.span()=> ::idem::__private::step_name(#path)),
-    };
-    let registration = quote! {
+/// Registers the step's use by this function, for `idem::registry`.
+fn registration(step: &TokenStream, function: &Ident) -> TokenStream {
+    let function = function.to_string();
+    quote! {
         ::idem::__private::inventory::submit! {
             ::idem::__private::StepUse::new(
-                #step_expr,
+                #step,
                 ::idem::__private::Location {
-                    item: ::idem::__private::core::concat!(::idem::__private::core::module_path!(), "::", #fn_name),
+                    item: ::idem::__private::core::concat!(::idem::__private::core::module_path!(), "::", #function),
                     file: ::idem::__private::core::file!(),
                     line: ::idem::__private::core::line!(),
                 },
             )
         }
-    };
+    }
+}
 
-    // Compile-time checks, each spanned on the type it is about.
+/// The operation: the request's fingerprint, the key and the scope; and the
+/// destructuring patterns, re-bound for the body.
+fn operation(analysis: &Analysis, locals: &Locals) -> TokenStream {
+    let Locals {
+        op,
+        step,
+        fingerprint,
+        key,
+        ..
+    } = locals;
     let request = analysis.params[analysis.request]
         .as_ref()
         .expect("the request is a typed parameter");
     let request_name = &request.name;
-    // Storability: when the return type is spelled `Result<T, E>`, completing
-    // and replaying go through `<T as Stores<_>>`, both paths spanned on `T`,
-    // so a `T` that cannot be stored gets one error, on `T`, naming the derive.
-    let success = result_success(&user_ret).filter(|_| !args.http && !mentions_impl(&user_ret));
     // The request is fingerprinted through `<Request as Fingerprint>::fingerprint`,
     // spanned on the request type: a type without `Fingerprint` gets one
     // error, there, naming it and the derive.
@@ -129,20 +200,36 @@ pub(crate) fn wrapper(args: &Args, function: &syn::ItemFn, analysis: Analysis) -
             quote!(let #pat = #name;)
         });
     let scope = &analysis.scope;
+    quote! {
+        let #fingerprint = #fingerprint_call;
+        let #key = ::idem::__private::key(&#key_name);
+        #(#destructure)*
+        let #op = ::idem::__private::Operation::with_fingerprint(
+            ::idem::__private::scope(&[#(&#scope),*]),
+            #key,
+            #step,
+            #fingerprint,
+        );
+    }
+}
 
-    let engine_ref = if args.http {
-        quote!(&#engine)
-    } else {
-        quote!(#engine)
-    };
-    let policy = policy(args, &engine_ref)
-        .map(|policy| quote!(let #op = ::idem::__private::Operation::with_policy(#op, #policy);));
-
-    let tx_pat = &tx.pat;
-    let tx_ty = &tx.ty;
-    // The work: an async closure over the transaction, its body the user's
-    // block, spanned on it.
-    let user_body = if mentions_impl(&user_ret) {
+/// The call that runs the operation: `__private::run` with the user's block
+/// as an async closure over the transaction, and how its outcome is kept.
+fn body(
+    args: &Args,
+    function: &syn::ItemFn,
+    analysis: &Analysis,
+    locals: &Locals,
+    user_ret: &Type,
+    engine: &TokenStream,
+) -> TokenStream {
+    let block = &function.block;
+    let Locals { op, value, .. } = locals;
+    let tx = analysis.params[analysis.tx]
+        .as_ref()
+        .expect("the transaction is a typed parameter");
+    let (tx_pat, tx_ty) = (&tx.pat, &tx.ty);
+    let user_body = if mentions_impl(user_ret) {
         block.to_token_stream()
     } else {
         // A fake return edge (as in `tracing`'s `#[instrument]`): the first
@@ -168,6 +255,7 @@ pub(crate) fn wrapper(args: &Args, function: &syn::ItemFn, analysis: Analysis) -
             }
         }
     };
+    // The work, spanned on the user's block.
     let work = if args.http {
         // The rendered response is what is stored; the user's block keeps its
         // own `return`s, inside an async block of its own.
@@ -182,32 +270,9 @@ pub(crate) fn wrapper(args: &Args, function: &syn::ItemFn, analysis: Analysis) -
     } else {
         quote_spanned!(block.span()=> async move |#tx_pat: #tx_ty| #user_body)
     };
-
-    // How the outcome is kept and replayed, named on the user's types.
-    let codec = if args.http || mentions_impl(&user_ret) {
-        quote!(::idem::__private::Codec::outcome())
-    } else if let Some(success) = success {
-        // Every obligation on `T` must land on one span, or rustc reports it
-        // once per span: the path is spanned on `T`'s first token, and so is
-        // `T` itself, re-spanned, so that `Vec<Receipt>` is one span too.
-        let span = type_span(success);
-        let success = respan(success, span);
-        // `E` goes through `<E as CheckedError>::Checked`, spanned on `E`: an
-        // `E` without `ErrorStatus` gets an error there (and, as `Stores`
-        // needs it too, a second one on `T`).
-        let error = result_error(&user_ret).map_or_else(
-            || quote!(_),
-            |error| quote_spanned!(type_span(error)=> <#error as ::idem::__private::CheckedError>::Checked),
-        );
-        quote_spanned!(span=> <#success as ::idem::__private::Stores<#error>>::CODEC)
-    } else {
-        // Any other `Outcome` (an alias, a hand-written impl): through
-        // `<O as Completes>`, on one span, as for `Stores` above.
-        let outcome = respan(&user_ret, ret_span);
-        quote_spanned!(ret_span=> <#outcome as ::idem::__private::Completes>::CODEC)
-    };
-    let run = quote!(::idem::__private::run(#engine_ref, &#op, #codec, #work).await);
-    let finish = if args.http {
+    let codec = codec(args, user_ret);
+    let run = quote!(::idem::__private::run(#engine, &#op, #codec, #work).await);
+    if args.http {
         // One `idem.request` span per request (scope, step, key tag), whose
         // outcome `respond` records.
         quote! {
@@ -219,33 +284,36 @@ pub(crate) fn wrapper(args: &Args, function: &syn::ItemFn, analysis: Analysis) -
         }
     } else {
         run
-    };
-    let syn::Signature {
-        constness,
-        unsafety,
-        abi,
-        ident,
-        generics,
-        ..
-    } = sig;
-    let where_clause = &generics.where_clause;
-    quote! {
-        #(#attrs)*
-        #vis #constness async #unsafety #abi fn #ident #generics(#(#inputs),*) -> #output #where_clause {
-            #registration
-            let #step: &'static str = #step_expr;
-            let #fingerprint = #fingerprint_call;
-            let #key = ::idem::__private::key(&#key_name);
-            #(#destructure)*
-            let #op = ::idem::__private::Operation::with_fingerprint(
-                ::idem::__private::scope(&[#(&#scope),*]),
-                #key,
-                #step,
-                #fingerprint,
-            );
-            #policy
-            #finish
-        }
+    }
+}
+
+/// How the outcome is kept and replayed, named on the user's types so that
+/// one that cannot be stored is reported there.
+fn codec(args: &Args, user_ret: &Type) -> TokenStream {
+    if args.http || mentions_impl(user_ret) {
+        return quote!(::idem::__private::Codec::outcome());
+    }
+    if let Some(success) = result_success(user_ret) {
+        // `Result<T, E>`: through `<T as Stores<_>>`. Every obligation on `T`
+        // must land on one span, or rustc reports it once per span: the path
+        // is spanned on `T`'s first token, and so is `T` itself, re-spanned,
+        // so that `Vec<Receipt>` is one span too.
+        let span = type_span(success);
+        let success = respan(success, span);
+        // `E` goes through `<E as CheckedError>::Checked`, spanned on `E`: an
+        // `E` without `ErrorStatus` gets an error there (and, as `Stores`
+        // needs it too, a second one on `T`).
+        let error = result_error(user_ret).map_or_else(
+            || quote!(_),
+            |error| quote_spanned!(type_span(error)=> <#error as ::idem::__private::CheckedError>::Checked),
+        );
+        quote_spanned!(span=> <#success as ::idem::__private::Stores<#error>>::CODEC)
+    } else {
+        // Any other `Outcome` (an alias, a hand-written impl): through
+        // `<O as Completes>`, on one span, as for `Stores` above.
+        let span = type_span(user_ret);
+        let outcome = respan(user_ret, span);
+        quote_spanned!(span=> <#outcome as ::idem::__private::Completes>::CODEC)
     }
 }
 
