@@ -1,5 +1,5 @@
 async fn create_order(
-    engine: ::idem::Engine<::idem::__private::sqlx::Postgres>,
+    engine: ::idem::Engine<::idem::sqlx::Postgres>,
     __idem_arg1: Path<String>,
     key: IdempotencyKey,
     __idem_arg3: Json<NewOrder>,

@@ -1,10 +1,10 @@
 /// Charges a card.
 pub async fn charge(
-    engine: &::idem::Engine<::idem::__private::sqlx::Sqlite>,
+    engine: &::idem::Engine<::idem::sqlx::Sqlite>,
     tenant_id: String,
     key: IdempotencyKey,
     req: ChargeRequest,
-) -> ::idem::__private::core::result::Result<
+) -> ::core::result::Result<
     ::idem::Answer<Result<Payment, ChargeError>>,
     ::idem::IdemError,
 > {

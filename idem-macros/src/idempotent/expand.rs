@@ -123,7 +123,7 @@ fn signature(
     let output = if args.http {
         quote!(::idem::__private::axum::response::Response)
     } else {
-        quote!(::idem::__private::core::result::Result<::idem::Answer<#user_ret>, ::idem::IdemError>)
+        quote!(::core::result::Result<::idem::Answer<#user_ret>, ::idem::IdemError>)
     };
     let syn::Signature {
         constness,
@@ -301,8 +301,7 @@ fn codec(args: &Args, user_ret: &Type) -> TokenStream {
         let span = type_span(success);
         let success = respan(success, span);
         // `E` goes through `<E as CheckedError>::Checked`, spanned on `E`: an
-        // `E` without `ErrorStatus` gets an error there (and, as `Stores`
-        // needs it too, a second one on `T`).
+        // `E` without `ErrorStatus` gets its one error there.
         let error = result_error(user_ret).map_or_else(
             || quote!(_),
             |error| quote_spanned!(type_span(error)=> <#error as ::idem::__private::CheckedError>::Checked),
@@ -382,10 +381,10 @@ fn database_of(ty: &Type) -> TokenStream {
             .as_deref()
         {
             Some("SqliteConnection") => {
-                return quote_spanned!(connection.span()=> ::idem::__private::sqlx::Sqlite)
+                return quote_spanned!(connection.span()=> ::idem::sqlx::Sqlite)
             }
             Some("PgConnection") => {
-                return quote_spanned!(connection.span()=> ::idem::__private::sqlx::Postgres)
+                return quote_spanned!(connection.span()=> ::idem::sqlx::Postgres)
             }
             _ => {}
         }
