@@ -318,3 +318,56 @@ impl crate::Engine<Sqlite> {
         Ok(Self::new(open(path, &Policy::default(), 8).await?))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+    use crate::{Claim, Engine, IdemError, IdempotencyKey, Operation, Policy, Scope};
+
+    /// An engine opened with the default policy, then given a shorter
+    /// `wait_timeout`, waits that long for another writer's lock, not the
+    /// default's 5 s.
+    #[tokio::test]
+    async fn a_later_policy_bounds_the_wait_for_the_write_lock() {
+        let nanos = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_nanos();
+        let dir = std::env::temp_dir().join(format!("idem-busy-{}-{nanos}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("idem.db");
+        let engine = Engine::<sqlx::Sqlite>::open_sqlite(&path)
+            .await
+            .unwrap()
+            .with_policy(Policy::default().with_wait_timeout(Duration::from_millis(200)));
+        engine.migrate().await.unwrap();
+        // Another process's writer: its own pool, holding the write lock.
+        let other = super::open(&path, &Policy::default(), 1).await.unwrap();
+        let mut holder = other.acquire().await.unwrap();
+        sqlx::query("BEGIN IMMEDIATE")
+            .execute(&mut *holder)
+            .await
+            .unwrap();
+        let op = Operation::new(
+            Scope::tenant("acme"),
+            IdempotencyKey::new("k-busy").unwrap(),
+            "charge.v1",
+            &1i64,
+        );
+        let started = Instant::now();
+        match engine.claim(&op).await {
+            Err(IdemError::InProgress { .. }) => {}
+            Err(other) => panic!("expected in-progress, got {other:?}"),
+            Ok(Claim::Execute(_)) => panic!("claimed while another writer holds the lock"),
+            Ok(Claim::Replay(_)) => panic!("replayed a key never stored"),
+        }
+        let waited = started.elapsed();
+        assert!(waited < Duration::from_secs(2), "waited {waited:?}");
+        sqlx::query("ROLLBACK").execute(&mut *holder).await.unwrap();
+        drop(holder);
+        other.close().await;
+        engine.pool().close().await;
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
