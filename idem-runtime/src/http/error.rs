@@ -10,7 +10,7 @@ use crate::problem::Problem;
 /// The problem body for an engine error.
 ///
 /// ```
-/// use idem_runtime::{http::Problem, IdemError};
+/// use idem_runtime::{IdemError, Problem};
 /// let problem = Problem::from(&IdemError::Mismatch);
 /// assert_eq!(problem.status, 422);
 /// assert!(problem.detail.contains("new key"));
