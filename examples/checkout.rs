@@ -42,7 +42,8 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::Router;
 use client::{BoxError, HttpClient, Reply};
-use idem::http::{Json, ProblemDetails};
+use idem::http::Json;
+use idem::Problem;
 use idem::{idempotent, Engine, Fingerprint, IdempotencyKey};
 use payments::Tenant;
 use serde::{Deserialize, Serialize};
@@ -147,7 +148,7 @@ async fn checkout(
         }
         // A deterministic refusal: stored and replayed.
         Ok(reply) if (400..500).contains(&reply.status) && reply.status != 409 => {
-            ProblemDetails::new(402, "Payment refused")
+            Problem::new(402, "Payment refused")
                 .with_detail(format!(
                     "The payments service refused the charge ({}); nothing was ordered.",
                     reply.status
@@ -161,7 +162,7 @@ async fn checkout(
 
 /// A transient failure (5xx): rolled back, not stored; the retry runs again.
 fn unavailable(why: &str) -> Response {
-    ProblemDetails::new(503, "Order not placed")
+    Problem::new(503, "Order not placed")
         .with_detail(format!(
             "{why}; nothing was stored, retry with the same Idempotency-Key."
         ))
@@ -302,7 +303,7 @@ async fn forward(State(proxy): State<RetryingProxy>, request: Request) -> Respon
     let key = header(&request, "idempotency-key").unwrap_or_default();
     let (parts, body) = request.into_parts();
     let Ok(body) = axum::body::to_bytes(body, 1 << 20).await else {
-        return ProblemDetails::new(400, "Unreadable body").into_response();
+        return Problem::new(400, "Unreadable body").into_response();
     };
     let url = format!(
         "{}{}",
@@ -341,7 +342,7 @@ async fn forward(State(proxy): State<RetryingProxy>, request: Request) -> Respon
             return relay(reply);
         }
     }
-    ProblemDetails::new(502, "Upstream lost")
+    Problem::new(502, "Upstream lost")
         .with_detail("The upstream answer was lost twice; retry with the same Idempotency-Key.")
         .into_response()
 }

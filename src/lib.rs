@@ -18,7 +18,7 @@
 //!
 //! ```no_run
 //! use idem::sqlx::SqliteConnection;
-//! use idem::{idempotent, steps, ErrorOutcome, Fingerprint, IdempotencyKey};
+//! use idem::{idempotent, steps, ErrorStatus, Fingerprint, IdempotencyKey};
 //! use serde::{Deserialize, Serialize};
 //!
 //! steps! {
@@ -45,7 +45,7 @@
 //!     Database,
 //! }
 //!
-//! impl ErrorOutcome for ChargeError {
+//! impl ErrorStatus for ChargeError {
 //!     fn status(&self) -> u16 {
 //!         match self {
 //!             ChargeError::Declined => 402, // deterministic: stored and replayed
@@ -83,7 +83,7 @@
 //! let done = charge(&engine, "acme".into(), key, req).await?;
 //! // `done.value` is the function's own `Result<Payment, ChargeError>`;
 //! // `done.via` says whether it ran now or was replayed.
-//! println!("{}", done.via.label());
+//! println!("{}", done.via);
 //! # Ok(()) }
 //! ```
 
@@ -219,17 +219,17 @@ pub use idem_macros::steps;
 ///                 #[fingerprint] req: ChargeRequest) -> Result<Payment, ChargeError>
 /// // generated
 /// async fn charge(engine: &Engine<Sqlite>, tenant_id: String, key: IdempotencyKey,
-///                 req: ChargeRequest) -> Result<Completed<Result<Payment, ChargeError>>, IdemError>
+///                 req: ChargeRequest) -> Result<Answer<Result<Payment, ChargeError>>, IdemError>
 /// ```
 ///
 /// The outer `Result` is the protocol's answer ([`IdemError::Mismatch`],
-/// [`IdemError::InProgress`], ...); [`Completed::value`] is your function's own
-/// result, fresh or replayed, and [`Completed::via`] says which. The body
+/// [`IdemError::InProgress`], ...); [`Answer::value`] is your function's own
+/// result, fresh or replayed, and [`Answer::via`] says which. The body
 /// stays ordinary code: `?` and early `return` work as written. Your return
 /// type must be `Result<T, E>` with `T: Serialize + DeserializeOwned` and
-/// `E:` [`ErrorOutcome`] (or an alias of one): successes and errors below 500
+/// `E:` [`ErrorStatus`] (or an alias of one): successes and errors below 500
 /// are stored and replayed; 5xx errors, panics, timeouts and dropped futures
-/// roll back. A `T` that cannot be stored, an `E` without `ErrorOutcome` or a
+/// roll back. A `T` that cannot be stored, an `E` without `ErrorStatus` or a
 /// request without `Fingerprint` is a compile error pointing at that type and
 /// saying what to derive or implement (`tests/ui/idempotent/fail/` has each message).
 ///
@@ -237,25 +237,15 @@ pub use idem_macros::steps;
 ///
 /// ```text
 /// async fn charge(engine: &Engine<Sqlite>, tenant_id: String, key: IdempotencyKey, req: ChargeRequest)
-///     -> Result<Completed<Result<Payment, ChargeError>>, IdemError>
+///     -> Result<Answer<Result<Payment, ChargeError>>, IdemError>
 /// {
 ///     inventory::submit! { StepUse::new("charge-card.v1", /* module path, file, line */) }
 ///     let op = Operation::with_fingerprint(scope(&[&tenant_id]), key.clone(), "charge-card.v1",
 ///                                          fingerprint("charge-card.v1", &req));
-///     match engine.claim(&op).await {
-///         Err(error) => Err(error),
-///         Ok(Claim::Replay(stored)) => replayed::<Result<Payment, ChargeError>>(stored),
-///         Ok(Claim::Execute(mut guard)) => {
-///             let value = {
-///                 let tx: &mut SqliteConnection = guard.connection();
-///                 within(guard.work_timeout(), async move { /* your body */ }).await
-///             };
-///             match value {
-///                 Some(value) => guard.complete(value).await, // store + commit, or roll back
-///                 None => timed_out(guard).await,
-///             }
-///         }
-///     }
+///     // claim; run the closure in the claim's transaction, within the timeout; store
+///     // its outcome and commit (or roll back); or replay, or refuse
+///     __private::run(engine, &op, <Payment as Stores<ChargeError>>::CODEC,
+///                    async move |tx: &mut SqliteConnection| { /* your body */ }).await
 /// }
 /// ```
 ///

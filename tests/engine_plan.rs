@@ -14,7 +14,7 @@ macro_rules! engine_plan {
 
             use futures::future::join_all;
             use idem_runtime::{
-                Claim, ClaimMode, Disposition, Engine, FailureMode, IdemError, IdempotencyKey,
+                Claim, ClaimMode, Engine, FailureMode, IdemError, IdempotencyKey,
                 Operation, Policy, Problem, Scope, Via,
             };
 
@@ -40,7 +40,7 @@ macro_rules! engine_plan {
                 h: &Harness<Db>,
                 op: &Operation,
                 amount: i64,
-            ) -> Result<idem_runtime::Completed<Result<i64, Problem>>, IdemError> {
+            ) -> Result<idem_runtime::Answer<Result<i64, Problem>>, IdemError> {
                 let tenant = op.scope().to_string();
                 h.engine
                     .run(op, async move |tx| {
@@ -78,12 +78,8 @@ macro_rules! engine_plan {
                     ..Policy::default()
                 };
                 let pool = <Db as TestBackend>::pool_of(&h.url, &policy, 1).await;
-                let key_lock = h.engine.key_lock();
-                let single = h.with_engine(
-                    Engine::new(pool)
-                        .with_policy(policy)
-                        .with_key_lock(key_lock),
-                );
+                let engine = h.engine.clone().with_pool(pool).with_policy(policy);
+                let single = h.with_engine(engine);
                 let op = operation("acme", "k-one", 700);
                 let first = charge(&single, &op, 700).await.unwrap();
                 let again = charge(&single, &op, 700).await.unwrap();
@@ -183,7 +179,7 @@ macro_rules! engine_plan {
 
             #[tokio::test]
             async fn replay_after_expiry_executes_anew() {
-                let h = harness(Policy::default().retention(Duration::from_millis(300))).await;
+                let h = harness(Policy::default().with_retention(Duration::from_millis(300))).await;
                 let op = operation("acme", "expiring", 50);
                 assert_eq!(charge(&h, &op, 50).await.unwrap().via, Via::Executed);
                 assert_eq!(charge(&h, &op, 50).await.unwrap().via, Via::Replayed);
@@ -199,7 +195,7 @@ macro_rules! engine_plan {
 
             #[tokio::test]
             async fn expired_record_with_another_payload_executes_anew() {
-                let h = harness(Policy::default().retention(Duration::from_millis(200))).await;
+                let h = harness(Policy::default().with_retention(Duration::from_millis(200))).await;
                 charge(&h, &operation("acme", "expired-reuse", 1), 1)
                     .await
                     .unwrap();
@@ -342,7 +338,7 @@ macro_rules! engine_plan {
 
             #[tokio::test]
             async fn work_timeout_rolls_back() {
-                let h = harness(Policy::default().work_timeout(Duration::from_millis(100))).await;
+                let h = harness(Policy::default().with_work_timeout(Duration::from_millis(100))).await;
                 let op = operation("acme", "slow", 10);
                 let slow = h
                     .engine
@@ -363,13 +359,13 @@ macro_rules! engine_plan {
             /// bound, then gets in-progress; once the winner commits, it replays.
             #[tokio::test]
             async fn waiter_on_an_uncommitted_claim_times_out_then_replays() {
-                let h = harness(Policy::default().wait_timeout(Duration::from_millis(300))).await;
+                let h = harness(Policy::default().with_wait_timeout(Duration::from_millis(300))).await;
                 let op = operation("acme", "slow-winner", 10);
                 let Claim::Execute(mut winner) = h.engine.claim(&op).await.unwrap() else {
                     panic!("first claim executes")
                 };
                 sqlx::query("INSERT INTO payments (tenant, amount) VALUES ('acme', 10)")
-                    .execute(winner.connection())
+                    .execute(&mut *winner)
                     .await
                     .unwrap();
                 let started = std::time::Instant::now();
@@ -388,7 +384,7 @@ macro_rules! engine_plan {
                     content_type: "application/json".into(),
                     body: b"10".to_vec(),
                 };
-                winner.finish(Disposition::Store(stored)).await.unwrap();
+                winner.commit(stored).await.unwrap();
                 let after = charge(&h, &op, 10).await.unwrap();
                 assert_eq!((after.via, after.value), (Via::Replayed, Ok(10)));
                 assert_eq!(h.payments().await, 1);
@@ -400,8 +396,8 @@ macro_rules! engine_plan {
             #[tokio::test]
             async fn expired_in_progress_lock_is_taken_over() {
                 let policy = Policy::default()
-                    .claim_mode(ClaimMode::Durable)
-                    .lock_ttl(Duration::from_millis(1500));
+                    .with_claim_mode(ClaimMode::Durable)
+                    .with_lock_ttl(Duration::from_millis(1500));
                 let h = harness(policy).await;
                 let op = operation("acme", "crashed", 10);
                 let Claim::Execute(crashed) = h.engine.claim(&op).await.unwrap() else {
@@ -431,8 +427,8 @@ macro_rules! engine_plan {
             #[tokio::test]
             async fn attempt_that_lost_its_lock_rolls_back() {
                 let policy = Policy::default()
-                    .claim_mode(ClaimMode::Durable)
-                    .lock_ttl(Duration::from_millis(200));
+                    .with_claim_mode(ClaimMode::Durable)
+                    .with_lock_ttl(Duration::from_millis(200));
                 let h = harness(policy).await;
                 let op = operation("acme", "slow-durable", 10);
                 let Claim::Execute(mut slow) = h.engine.claim(&op).await.unwrap() else {
@@ -441,7 +437,7 @@ macro_rules! engine_plan {
                 tokio::time::sleep(Duration::from_millis(300)).await;
                 assert_eq!(charge(&h, &op, 10).await.unwrap().via, Via::TookOver);
                 sqlx::query("INSERT INTO payments (tenant, amount) VALUES ('acme', 10)")
-                    .execute(slow.connection())
+                    .execute(&mut *slow)
                     .await
                     .unwrap();
                 let stored = idem_runtime::StoredResponse {
@@ -450,7 +446,7 @@ macro_rules! engine_plan {
                     body: b"10".to_vec(),
                 };
                 assert!(matches!(
-                    slow.finish(Disposition::Store(stored)).await,
+                    slow.commit(stored).await,
                     Err(IdemError::LockLost)
                 ));
                 assert_eq!(h.payments().await, 1);
@@ -460,7 +456,7 @@ macro_rules! engine_plan {
             /// claim, so the retry runs at once.
             #[tokio::test]
             async fn durable_server_error_releases_the_claim() {
-                let h = harness(Policy::default().claim_mode(ClaimMode::Durable)).await;
+                let h = harness(Policy::default().with_claim_mode(ClaimMode::Durable)).await;
                 let op = operation("acme", "durable-flaky", 10);
                 let failed = h
                     .engine
@@ -544,7 +540,7 @@ macro_rules! engine_plan {
 
             #[tokio::test]
             async fn store_unavailable_fails_open_when_configured() {
-                let h = harness(Policy::default().failure_mode(FailureMode::Open)).await;
+                let h = harness(Policy::default().with_failure_mode(FailureMode::Open)).await;
                 h.break_key_table().await;
                 let done = charge(&h, &operation("acme", "down-open", 5), 5)
                     .await
@@ -557,11 +553,11 @@ macro_rules! engine_plan {
             #[tokio::test]
             async fn purge_deletes_expired_records_in_batches() {
                 let h = harness(Policy::default()).await;
-                let short = Policy::default().retention(Duration::from_millis(1));
+                let short = Policy::default().with_retention(Duration::from_millis(1));
                 for i in 0..25 {
                     charge(
                         &h,
-                        &operation("acme", &format!("old-{i}"), i).policy(short),
+                        &operation("acme", &format!("old-{i}"), i).with_policy(short),
                         i,
                     )
                     .await
@@ -591,11 +587,11 @@ macro_rules! engine_plan {
             async fn purge_batches_cross_records_that_expire_together() {
                 use crate::support::TestBackend;
                 let h = harness(Policy::default()).await;
-                let short = Policy::default().retention(Duration::from_millis(1));
+                let short = Policy::default().with_retention(Duration::from_millis(1));
                 for i in 0..25 {
                     charge(
                         &h,
-                        &operation("acme", &format!("old-{i}"), i).policy(short),
+                        &operation("acme", &format!("old-{i}"), i).with_policy(short),
                         i,
                     )
                     .await
@@ -690,8 +686,8 @@ async fn postgres_work_runs_with_the_sessions_lock_timeout() {
     use std::time::Duration;
     for key_lock in [KeyLock::Advisory, KeyLock::Row] {
         let policy = Policy::default()
-            .retention(Duration::from_millis(1))
-            .wait_timeout(Duration::from_millis(750));
+            .with_retention(Duration::from_millis(1))
+            .with_wait_timeout(Duration::from_millis(750));
         let h = support::postgres(policy).await;
         let engine = h.engine.clone().with_key_lock(key_lock);
         let op = Operation::new(

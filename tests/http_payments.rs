@@ -51,7 +51,7 @@ struct Service {
 
 /// A short wait bound keeps the in-progress and concurrency cases quick.
 fn test_policy() -> Policy {
-    Policy::default().wait_timeout(Duration::from_secs(3))
+    Policy::default().with_wait_timeout(Duration::from_secs(3))
 }
 
 async fn serve(db: &Db, config: Config) -> Service {
@@ -159,7 +159,7 @@ async fn hold_claim<DB: Backend>(
         CREATE_PAYMENT.name(),
         &request,
     )
-    .policy(test_policy().claim_mode(ClaimMode::Durable));
+    .with_policy(test_policy().with_claim_mode(ClaimMode::Durable));
     match engine.claim(&op).await.expect("claim") {
         Claim::Execute(guard) => guard,
         Claim::Replay(_) => panic!("expected a fresh claim"),

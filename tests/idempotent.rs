@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem::{idempotent, ErrorOutcome, Fingerprint, IdemError, IdempotencyKey, Via};
+use idem::{idempotent, ErrorStatus, Fingerprint, IdemError, IdempotencyKey, Via};
 use serde::{Deserialize, Serialize};
 use tokio::sync::Semaphore;
 
@@ -34,7 +34,7 @@ enum ChargeError {
     Flaky,
 }
 
-impl ErrorOutcome for ChargeError {
+impl ErrorStatus for ChargeError {
     fn status(&self) -> u16 {
         match self {
             ChargeError::Declined => 402,

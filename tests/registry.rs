@@ -62,7 +62,7 @@ async fn leave_key<DB: idem::Backend>(engine: &idem::Engine<DB>, step: &'static 
     );
     match engine.claim(&op).await.unwrap() {
         idem::Claim::Execute(guard) => {
-            guard.complete(Ok::<i64, idem::Problem>(1)).await.unwrap();
+            guard.commit(Ok::<i64, idem::Problem>(1)).await.unwrap();
         }
         idem::Claim::Replay(_) => unreachable!(),
     }

@@ -13,8 +13,9 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, MethodRouter};
 use axum::Router;
-use idem::http::{Json, ProblemDetails};
+use idem::http::Json;
 use idem::Policy;
+use idem::Problem;
 use idem::{idempotent, Backend, Engine, Fingerprint, IdempotencyKey};
 use serde::{Deserialize, Serialize};
 use sqlx::{PgConnection, Pool, Postgres, Sqlite, SqliteConnection};
@@ -331,7 +332,7 @@ async fn charge<DB: Ledger>(
                 Ok(()) => (StatusCode::CREATED, axum::Json(payment)).into_response(),
                 Err(error) => {
                     tracing::warn!(%error, "payment insert failed; rolling back");
-                    ProblemDetails::new(503, "Payment could not be recorded")
+                    Problem::new(503, "Payment could not be recorded")
                         .with_detail("The database failed while recording the payment; nothing was charged. Retry with the same Idempotency-Key.")
                         .into_response()
                 }
@@ -345,9 +346,9 @@ async fn charge<DB: Ledger>(
 
 /// The rules a well-formed body must also meet; breaking one is a
 /// deterministic 422, stored and replayed.
-fn validate(request: &PaymentRequest) -> Result<(), ProblemDetails> {
+fn validate(request: &PaymentRequest) -> Result<(), Problem> {
     let invalid = |detail: String| {
-        Err(ProblemDetails::new(422, "Invalid payment")
+        Err(Problem::new(422, "Invalid payment")
             .with_type("https://idem-rs.github.io/idem/problems#invalid-payment")
             .with_detail(detail))
     };
@@ -398,8 +399,8 @@ async fn healthz<DB: Ledger>(State(state): State<AppState<DB>>) -> Response {
     }
 }
 
-fn store_down() -> ProblemDetails {
-    ProblemDetails::new(503, "Store unavailable")
+fn store_down() -> Problem {
+    Problem::new(503, "Store unavailable")
         .with_type(idem::http::problem::types::STORE_UNAVAILABLE)
         .with_detail("The database does not answer; retry in a few seconds.")
 }
@@ -408,7 +409,7 @@ fn store_down() -> ProblemDetails {
 pub struct Tenant(pub String);
 
 impl<S: Send + Sync> FromRequestParts<S> for Tenant {
-    type Rejection = ProblemDetails;
+    type Rejection = Problem;
 
     async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
         let tenant = parts
@@ -418,7 +419,7 @@ impl<S: Send + Sync> FromRequestParts<S> for Tenant {
             .map(str::trim);
         match tenant {
             Some(tenant) if !tenant.is_empty() && tenant.len() <= 255 => Ok(Tenant(tenant.to_owned())),
-            _ => Err(ProblemDetails::new(400, "X-Tenant-Id header missing")
+            _ => Err(Problem::new(400, "X-Tenant-Id header missing")
                 .with_type("https://idem-rs.github.io/idem/problems#tenant-missing")
                 .with_detail("Send the tenant this request acts for in the X-Tenant-Id header (1 to 255 visible ASCII characters).")),
         }

@@ -61,7 +61,7 @@ async fn charge_lite(
     crate::lite::business(tx, &tenant_id).await
 }
 
-fn via<E: std::fmt::Display>(done: idem::Completed<Result<i64, E>>) -> Via {
+fn via<E: std::fmt::Display>(done: idem::Answer<Result<i64, E>>) -> Via {
     match done.value {
         Ok(_) => done.via,
         Err(problem) => panic!("business insert failed: {problem}"),

@@ -82,7 +82,7 @@ fn scenario_op(target: &Arc<dyn Target>, scenario: Scenario, prefix: String) -> 
             async move {
                 match fut.await {
                     Ok(Via::Executed) => Ok(()),
-                    Ok(via) => Err(format!("fresh key answered via {}", via.label())),
+                    Ok(via) => Err(format!("fresh key answered via {}", via)),
                     Err(e) => Err(e.to_string()),
                 }
             }
@@ -92,7 +92,7 @@ fn scenario_op(target: &Arc<dyn Target>, scenario: Scenario, prefix: String) -> 
             async move {
                 match fut.await {
                     Ok(Via::Replayed) => Ok(()),
-                    Ok(via) => Err(format!("completed key answered via {}", via.label())),
+                    Ok(via) => Err(format!("completed key answered via {}", via)),
                     Err(e) => Err(e.to_string()),
                 }
             }

@@ -1,5 +1,5 @@
 async fn create_order(
-    engine: ::idem::Engine<::idem::__private::sqlx::Postgres>,
+    engine: ::idem::Engine<::idem::sqlx::Postgres>,
     __idem_arg1: Path<String>,
     key: IdempotencyKey,
     __idem_arg3: Json<NewOrder>,
@@ -28,23 +28,13 @@ async fn create_order(
     );
     ::idem::__private::Instrument::instrument(
             async {
-                let __idem_result = match ::idem::Engine::claim(&engine, &__idem_op)
-                    .await
-                {
-                    ::idem::__private::core::result::Result::Err(error) => {
-                        ::idem::__private::core::result::Result::Err(error)
-                    }
-                    ::idem::__private::core::result::Result::Ok(
-                        ::idem::__private::Claim::Replay(stored),
-                    ) => ::idem::__private::replayed::<::idem::StoredResponse>(stored),
-                    ::idem::__private::core::result::Result::Ok(
-                        ::idem::__private::Claim::Execute(mut __idem_guard),
-                    ) => {
-                        let __idem_value = {
-                            let limit = __idem_guard.work_timeout();
-                            let tx: &mut PgConnection = __idem_guard.connection();
-                            ::idem::__private::within(
-                                    limit,
+                ::idem::__private::http::respond(
+                    ::idem::__private::run(
+                            &engine,
+                            &__idem_op,
+                            ::idem::__private::Codec::outcome(),
+                            async move |tx: &mut PgConnection| {
+                                let __idem_value = ::idem::__private::axum::response::IntoResponse::into_response(
                                     async move {
                                         #[allow(
                                             unknown_lints,
@@ -67,30 +57,14 @@ async fn create_order(
                                                 Json(insert(tx, &tenant, order).await?),
                                             ))
                                         }
-                                    },
-                                )
-                                .await
-                        };
-                        match __idem_value {
-                            ::idem::__private::core::option::Option::Some(
-                                __idem_value,
-                            ) => {
-                                let __idem_value = ::idem::__private::axum::response::IntoResponse::into_response(
-                                    __idem_value,
+                                    }
+                                        .await,
                                 );
-                                __idem_guard
-                                    .complete(
-                                        ::idem::__private::http::into_stored(__idem_value).await,
-                                    )
-                                    .await
-                            }
-                            ::idem::__private::core::option::Option::None => {
-                                ::idem::__private::timed_out(__idem_guard).await
-                            }
-                        }
-                    }
-                };
-                ::idem::__private::http::respond(__idem_result)
+                                ::idem::__private::http::into_stored(__idem_value).await
+                            },
+                        )
+                        .await,
+                )
             },
             ::idem::__private::http::operation_span(&__idem_op),
         )

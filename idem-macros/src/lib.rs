@@ -14,6 +14,7 @@
 mod errors;
 mod fingerprint;
 mod idempotent;
+mod rules;
 mod steps;
 
 #[cfg(test)]

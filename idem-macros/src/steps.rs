@@ -6,7 +6,8 @@ use quote::quote;
 use syn::parse::{Parse, ParseStream};
 use syn::{Attribute, Ident, LitStr, Token, Visibility};
 
-use crate::errors::{check_step_name, Errors};
+use crate::errors::Errors;
+use crate::rules::check_step_name;
 
 struct Declaration {
     attrs: Vec<Attribute>,
@@ -70,7 +71,7 @@ pub(crate) fn steps(input: TokenStream) -> TokenStream {
         Ok(declarations) => declarations,
         Err(error) => return error.to_compile_error(),
     };
-    let mut errors = Errors::default();
+    let mut errors = Errors::new();
     let mut seen: Vec<String> = Vec::new();
     for declaration in &declarations {
         let value = declaration.value.value();
@@ -85,8 +86,8 @@ pub(crate) fn steps(input: TokenStream) -> TokenStream {
         }
         seen.push(value);
     }
-    if let Some(errors) = errors.finish() {
-        return errors;
+    if let Err(reported) = errors.check() {
+        return reported;
     }
     declarations
         .iter()

@@ -8,11 +8,10 @@ use std::time::Duration;
 use sqlx::{Pool, Transaction};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use crate::__private::{timed_out, within};
 use crate::error::{whole_seconds, IdemError};
 use crate::operation::Operation;
-use crate::outcome::{Disposition, Outcome, StoredResponse};
-use crate::policy::{ClaimMode, FailureMode, KeyLock, Policy};
+use crate::outcome::{Outcome, ReplayError, StoredResponse};
+use crate::policy::{ClaimMode, FailureMode, Policy};
 use crate::store::{Backend, Locked, Record, RecordStatus};
 
 /// How an operation's answer came about.
@@ -29,33 +28,68 @@ pub enum Via {
 }
 
 impl Via {
-    /// A lowercase label for logs and metrics: `executed`, `takeover`, `replayed`, `failed_open`.
-    pub fn label(self) -> &'static str {
+    /// The variant's name in snake case, for logs and metrics: `executed`,
+    /// `took_over`, `replayed`, `failed_open`.
+    ///
+    /// ```
+    /// use idem_runtime::Via;
+    /// assert_eq!(Via::TookOver.as_str(), "took_over");
+    /// assert_eq!(Via::FailedOpen.to_string(), "failed_open");
+    /// ```
+    pub fn as_str(self) -> &'static str {
         match self {
             Via::Executed => "executed",
-            Via::TookOver => "takeover",
+            Via::TookOver => "took_over",
             Via::Replayed => "replayed",
             Via::FailedOpen => "failed_open",
         }
     }
 }
 
-/// An operation's answer and how it came about.
+impl std::fmt::Display for Via {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// An operation's answer and how it came about: fresh, taken over, replayed
+/// or failed open.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Completed<O> {
+pub struct Answer<O> {
     /// The outcome: fresh, or decoded from the store.
     pub value: O,
     /// Executed, taken over, replayed or failed open.
     pub via: Via,
 }
 
-impl<O: Outcome> Completed<O> {
-    /// A stored response decoded into the operation's outcome type, as a replay.
-    pub fn replayed(stored: StoredResponse) -> Result<Self, IdemError> {
-        Ok(Completed {
-            value: O::from_stored(stored)?,
+/// A stored outcome found by a claim, to be answered unchanged.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Replay {
+    stored: StoredResponse,
+}
+
+impl Replay {
+    /// The stored outcome decoded into the operation's outcome type.
+    ///
+    /// ```
+    /// # async fn demo(engine: idem_runtime::Engine<sqlx::Sqlite>, op: idem_runtime::Operation) -> Result<(), idem_runtime::IdemError> {
+    /// use idem_runtime::{Claim, Problem};
+    /// if let Claim::Replay(replay) = engine.claim(&op).await? {
+    ///     let answer = replay.decode::<Result<i64, Problem>>()?;
+    ///     println!("{:?} ({})", answer.value, answer.via);
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub fn decode<O: Outcome>(self) -> Result<Answer<O>, IdemError> {
+        Ok(Answer {
+            value: O::from_stored(self.stored)?,
             via: Via::Replayed,
         })
+    }
+
+    /// The stored outcome as it is in the store.
+    pub fn stored(&self) -> &StoredResponse {
+        &self.stored
     }
 }
 
@@ -89,13 +123,14 @@ pub struct Stats {
 ///         Ok::<_, idem_runtime::Problem>("pay_1".to_string())
 ///     })
 ///     .await?;
-/// println!("{:?} via {}", done.value, done.via.label());
+/// println!("{:?} via {}", done.value, done.via);
 /// # Ok(()) }
 /// ```
 pub struct Engine<DB: Backend> {
     pool: Pool<DB>,
     policy: Policy,
-    key_lock: KeyLock,
+    /// The backend's own settings (Postgres: its key lock).
+    pub(crate) settings: DB::Settings,
     counters: Arc<Counters>,
     /// Where the backend's write lock is database-wide (SQLite), claims from
     /// this engine (and its clones) queue here, first come first served,
@@ -108,7 +143,7 @@ impl<DB: Backend> Clone for Engine<DB> {
         Self {
             pool: self.pool.clone(),
             policy: self.policy,
-            key_lock: self.key_lock,
+            settings: self.settings,
             counters: self.counters.clone(),
             write_gate: self.write_gate.clone(),
         }
@@ -120,7 +155,7 @@ impl<DB: Backend> std::fmt::Debug for Engine<DB> {
         f.debug_struct("Engine")
             .field("backend", &<DB as sqlx::Database>::NAME)
             .field("policy", &self.policy)
-            .field("key_lock", &self.key_lock)
+            .field("settings", &self.settings)
             .finish()
     }
 }
@@ -131,15 +166,8 @@ impl<DB: Backend> std::fmt::Debug for Engine<DB> {
 pub enum Claim<DB: Backend> {
     /// This attempt owns the key: do the work through the guard, then finish it.
     Execute(ClaimGuard<DB>),
-    /// A completed record with the same fingerprint exists: return it unchanged.
-    Replay(StoredResponse),
-}
-
-impl<DB: Backend> Claim<DB> {
-    /// Decodes a replayed response into the operation's outcome type.
-    pub fn replayed<O: Outcome>(stored: StoredResponse) -> Result<Completed<O>, IdemError> {
-        Completed::replayed(stored)
-    }
+    /// A completed record with the same fingerprint exists: answer it unchanged.
+    Replay(Replay),
 }
 
 impl<DB: Backend> Engine<DB> {
@@ -148,7 +176,7 @@ impl<DB: Backend> Engine<DB> {
         Self {
             pool,
             policy: Policy::default(),
-            key_lock: KeyLock::default(),
+            settings: DB::Settings::default(),
             counters: Arc::default(),
             write_gate: DB::SERIALIZE_WRITERS.then(|| Arc::new(Semaphore::new(1))),
         }
@@ -160,16 +188,10 @@ impl<DB: Backend> Engine<DB> {
         self
     }
 
-    /// Sets how claims hold their key ([`KeyLock::Advisory`] by default; see
-    /// [`KeyLock`] for when to choose [`KeyLock::Row`]).
-    pub fn with_key_lock(mut self, key_lock: KeyLock) -> Self {
-        self.key_lock = key_lock;
-        self
-    }
-
-    /// How claims hold their key.
-    pub fn key_lock(&self) -> KeyLock {
-        self.key_lock
+    /// This engine's policy and backend settings over another pool of the
+    /// same database (one sized differently, say).
+    pub fn with_pool(self, pool: Pool<DB>) -> Self {
+        Self { pool, ..self }
     }
 
     /// The pool, for the application's own queries.
@@ -205,7 +227,7 @@ impl<DB: Backend> Engine<DB> {
     ///
     /// - No record (or an expired one): `work` runs with the claim's open
     ///   transaction; its outcome is stored in that transaction if
-    ///   [`Outcome::disposition`] says so, and the transaction commits. A
+    ///   [`Outcome::to_stored`] keeps it, and the transaction commits. A
     ///   discarded outcome (server error) rolls everything back.
     /// - A completed record with the same fingerprint: the stored outcome is
     ///   returned, nothing runs ([`Via::Replayed`]).
@@ -215,21 +237,53 @@ impl<DB: Backend> Engine<DB> {
     ///
     /// A panic in `work`, or dropping the returned future, rolls back: nothing
     /// is stored and the retry runs.
-    pub async fn run<O, F>(&self, op: &Operation, work: F) -> Result<Completed<O>, IdemError>
+    pub async fn run<O, F>(&self, op: &Operation, work: F) -> Result<Answer<O>, IdemError>
     where
         O: Outcome + Send,
         F: AsyncFnOnce(&mut DB::Connection) -> O,
     {
-        match self.claim(op).await? {
-            Claim::Replay(stored) => Claim::<DB>::replayed(stored),
-            Claim::Execute(mut guard) => {
-                let limit = guard.work_timeout();
-                match within(limit, work(guard.connection())).await {
-                    Some(value) => guard.complete(value).await,
-                    None => timed_out(guard).await,
-                }
+        self.run_as(op, O::to_stored, O::from_stored, work).await
+    }
+
+    /// [`Engine::run`] for an outcome type whose storage is given as its two
+    /// functions: what to keep of a value, and how to rebuild one from a
+    /// replay. The code `#[idempotent]` generates reaches this, with
+    /// functions named on the user's types so a type that cannot be stored
+    /// is reported there.
+    pub(crate) async fn run_as<O, F>(
+        &self,
+        op: &Operation,
+        to_stored: fn(&O) -> Option<StoredResponse>,
+        from_stored: fn(StoredResponse) -> Result<O, ReplayError>,
+        work: F,
+    ) -> Result<Answer<O>, IdemError>
+    where
+        F: AsyncFnOnce(&mut DB::Connection) -> O,
+    {
+        let mut guard = match self.claim(op).await? {
+            Claim::Replay(Replay { stored }) => {
+                return Ok(Answer {
+                    value: from_stored(stored)?,
+                    via: Via::Replayed,
+                })
             }
-        }
+            Claim::Execute(guard) => guard,
+        };
+        let limit = guard.work_timeout();
+        let work = work(&mut guard);
+        let value = match limit {
+            None => work.await,
+            Some(limit) => match tokio::time::timeout(limit, work).await {
+                Ok(value) => value,
+                Err(_elapsed) => {
+                    guard.settle(None).await?;
+                    return Err(IdemError::TimedOut { limit });
+                }
+            },
+        };
+        let via = guard.via;
+        guard.settle(to_stored(&value)).await?;
+        Ok(Answer { value, via })
     }
 
     /// Claims `op`'s key. The lower-level form of [`Engine::run`], for callers
@@ -244,7 +298,7 @@ impl<DB: Backend> Engine<DB> {
         match DB::lookup_unlocked(&mut conn, op).await {
             Ok(record) => match decide(record, op) {
                 Decision::Execute(_) => {}
-                Decision::Replay(stored) => return Ok(Claim::Replay(stored)),
+                Decision::Replay(stored) => return Ok(Claim::Replay(Replay { stored })),
                 Decision::Refuse(error) => return Err(error),
             },
             Err(error) => return self.store_down(op, &policy, error).await,
@@ -274,7 +328,7 @@ impl<DB: Backend> Engine<DB> {
             mut tx,
             record,
             holds_row,
-        } = match DB::lock_and_read(conn, op, &policy, self.key_lock).await {
+        } = match DB::lock_and_read(conn, op, &policy, self.settings).await {
             Ok(locked) => locked,
             Err(error) if DB::is_lock_busy(&error) => return Err(in_progress_unknown()),
             Err(error) => return self.store_down(op, &policy, error).await,
@@ -283,7 +337,7 @@ impl<DB: Backend> Engine<DB> {
         let replaces = record.is_some() || holds_row;
         let via = match decide(record, op) {
             Decision::Execute(via) => via,
-            Decision::Replay(stored) => return Ok(Claim::Replay(stored)),
+            Decision::Replay(stored) => return Ok(Claim::Replay(Replay { stored })),
             Decision::Refuse(error) => return Err(error),
         };
         let mut token = None;
@@ -402,9 +456,11 @@ impl<DB: Backend> Engine<DB> {
     }
 }
 
-/// An owned claim: the open transaction holding the key's lock.
+/// An owned claim: the open transaction holding the key's lock. Derefs to
+/// its connection (as [`sqlx::Transaction`] does): do the business writes
+/// there, then [`ClaimGuard::commit`].
 ///
-/// Dropping it without [`ClaimGuard::finish`] rolls the transaction back.
+/// Dropping it without [`ClaimGuard::commit`] rolls the transaction back.
 pub struct ClaimGuard<DB: Backend> {
     tx: Transaction<'static, DB>,
     op: Operation,
@@ -418,12 +474,21 @@ pub struct ClaimGuard<DB: Backend> {
     permit: Option<OwnedSemaphorePermit>,
 }
 
-impl<DB: Backend> ClaimGuard<DB> {
-    /// The claim's connection, inside its transaction: do the business writes here.
-    pub fn connection(&mut self) -> &mut DB::Connection {
+impl<DB: Backend> std::ops::Deref for ClaimGuard<DB> {
+    type Target = DB::Connection;
+
+    fn deref(&self) -> &DB::Connection {
+        &self.tx
+    }
+}
+
+impl<DB: Backend> std::ops::DerefMut for ClaimGuard<DB> {
+    fn deref_mut(&mut self) -> &mut DB::Connection {
         &mut self.tx
     }
+}
 
+impl<DB: Backend> ClaimGuard<DB> {
     /// Whether this attempt executes fresh, takes over, or fails open.
     pub fn via(&self) -> Via {
         self.via
@@ -439,16 +504,17 @@ impl<DB: Backend> ClaimGuard<DB> {
         self.policy.work_timeout
     }
 
-    /// Finishes with the work's value: stores it and commits if its
-    /// [`Outcome::disposition`] says so, rolls back otherwise, and hands it back.
-    pub async fn complete<O: Outcome>(self, value: O) -> Result<Completed<O>, IdemError> {
+    /// Ends the claim with the work's value: stores it with the business
+    /// writes and commits if [`Outcome::to_stored`] keeps it, rolls back
+    /// otherwise; hands the value back.
+    pub async fn commit<O: Outcome>(self, value: O) -> Result<Answer<O>, IdemError> {
         let via = self.via;
-        self.finish(value.disposition()).await?;
-        Ok(Completed { value, via })
+        self.settle(value.to_stored()).await?;
+        Ok(Answer { value, via })
     }
 
-    /// Stores the response and commits, or rolls back on [`Disposition::Discard`].
-    pub async fn finish(self, disposition: Disposition) -> Result<(), IdemError> {
+    /// Stores the response and commits, or rolls back on `None`.
+    async fn settle(self, response: Option<StoredResponse>) -> Result<(), IdemError> {
         let Self {
             mut tx,
             op,
@@ -459,9 +525,9 @@ impl<DB: Backend> ClaimGuard<DB> {
             pool,
             permit: _permit,
         } = self;
-        let response = match disposition {
-            Disposition::Store(response) => response,
-            Disposition::Discard => {
+        let response = match response {
+            Some(response) => response,
+            None => {
                 let _ = tx.rollback().await;
                 if let Some(token) = token {
                     if let Err(error) = DB::release_claim(&pool, &op, token).await {
@@ -473,7 +539,7 @@ impl<DB: Backend> ClaimGuard<DB> {
         };
         let written = match (via, token) {
             (Via::FailedOpen, _) => Ok(true),
-            (_, Some(token)) => DB::complete_claim(&mut tx, &op, token, &response, &policy).await,
+            (_, Some(token)) => DB::write_claimed(&mut tx, &op, token, &response, &policy).await,
             (_, None) => DB::write_completed(&mut tx, &op, &response, &policy, replaces)
                 .await
                 .map(|()| true),

@@ -42,17 +42,18 @@ pub mod store;
 #[cfg(feature = "test-support")]
 pub mod test_support;
 
-pub use engine::{Claim, ClaimGuard, Completed, Engine, Stats, Via};
+pub use engine::{Answer, Claim, ClaimGuard, Engine, Replay, Stats, Via};
 pub use error::IdemError;
 pub use fingerprint::{fingerprint, Fingerprint, FingerprintHasher, Label, RequestHash};
 pub use key::{IdempotencyKey, KeyError};
 pub use operation::Operation;
-pub use outcome::{Disposition, ErrorOutcome, Outcome, ReplayError, StoredResponse};
-pub use policy::{ClaimMode, FailureMode, KeyLock, Policy};
+pub use outcome::{ErrorStatus, Outcome, ReplayError, StoredResponse};
+pub use policy::{ClaimMode, FailureMode, Policy};
 pub use problem::Problem;
-pub use registry::Step;
 pub use scope::{Scope, ScopePart};
-pub use step::{check_step_name, child_key, StepNameError};
+pub use step::{check_step_name, child_key, Step, StepNameError};
+#[cfg(feature = "postgres")]
+pub use store::postgres::KeyLock;
 pub use store::Backend;
 
 pub use sqlx;

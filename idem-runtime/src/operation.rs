@@ -55,7 +55,7 @@ impl Operation {
     }
 
     /// Overrides the engine's default policy for this operation.
-    pub fn policy(mut self, policy: Policy) -> Self {
+    pub fn with_policy(mut self, policy: Policy) -> Self {
         self.policy = Some(policy);
         self
     }

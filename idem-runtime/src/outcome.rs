@@ -31,15 +31,6 @@ impl StoredResponse {
     }
 }
 
-/// What the engine does with a finished operation.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Disposition {
-    /// Store this response with the business writes and commit.
-    Store(StoredResponse),
-    /// Roll everything back; nothing is stored and a retry executes again.
-    Discard,
-}
-
 /// Why a stored response could not be turned back into an outcome.
 #[derive(Debug, thiserror::Error)]
 #[error("stored response (status {status}) could not be decoded: {source}")]
@@ -54,17 +45,19 @@ pub struct ReplayError {
 /// A value an idempotent operation returns: it knows whether it is kept and
 /// how to come back from storage.
 ///
-/// Implemented for `Result<T, E>` with a serializable `T` and an [`ErrorOutcome`]
+/// Implemented for `Result<T, E>` with a serializable `T` and an [`ErrorStatus`]
 /// `E`, and for [`StoredResponse`] itself (for HTTP layers that store rendered
 /// responses).
 #[diagnostic::on_unimplemented(
     message = "`{Self}` cannot be stored as an idempotent outcome",
     label = "not storable: return `Result<T, E>`",
-    note = "an idempotent operation returns `Result<T, E>` where `T: Serialize + DeserializeOwned` (stored and replayed as JSON) and `E: ErrorOutcome` (deterministic errors are stored, transient ones roll back)"
+    note = "an idempotent operation returns `Result<T, E>` where `T: Serialize + DeserializeOwned` (stored and replayed as JSON) and `E: ErrorStatus` (deterministic errors are stored, transient ones roll back)"
 )]
 pub trait Outcome: Sized {
-    /// Decides what to store. Called once, after the work ran.
-    fn disposition(&self) -> Disposition;
+    /// What to store with the business writes before committing, or `None`
+    /// to roll everything back (nothing is stored, a retry executes again).
+    /// Called once, after the work ran.
+    fn to_stored(&self) -> Option<StoredResponse>;
     /// Rebuilds the outcome for a replay.
     fn from_stored(stored: StoredResponse) -> Result<Self, ReplayError>;
 }
@@ -76,24 +69,24 @@ pub trait Outcome: Sized {
 /// above means transient: the transaction rolls back and the retry runs.
 ///
 /// ```
-/// use idem_runtime::ErrorOutcome;
+/// use idem_runtime::ErrorStatus;
 /// use serde::{Deserialize, Serialize};
 ///
 /// #[derive(Debug, Serialize, Deserialize)]
 /// enum ChargeError { Declined, DatabaseDown }
 ///
-/// impl ErrorOutcome for ChargeError {
+/// impl ErrorStatus for ChargeError {
 ///     fn status(&self) -> u16 {
 ///         match self { ChargeError::Declined => 402, ChargeError::DatabaseDown => 503 }
 ///     }
 /// }
 /// ```
 #[diagnostic::on_unimplemented(
-    message = "`{Self}` cannot be the error of an idempotent operation: it does not implement `ErrorOutcome`",
-    label = "`{Self}` does not implement `ErrorOutcome`",
-    note = "implement `idem::ErrorOutcome` for `{Self}` (its `status()` decides: below 500 the error is stored and replayed, 500 and above rolls back; it also needs `Serialize` and `Deserialize`), or return `idem::Problem`"
+    message = "`{Self}` cannot be the error of an idempotent operation: it does not implement `ErrorStatus`",
+    label = "`{Self}` does not implement `ErrorStatus`",
+    note = "implement `idem::ErrorStatus` for `{Self}` (its `status()` decides: below 500 the error is stored and replayed, 500 and above rolls back; it also needs `Serialize` and `Deserialize`), or return `idem::Problem`"
 )]
-pub trait ErrorOutcome: Serialize + DeserializeOwned {
+pub trait ErrorStatus: Serialize + DeserializeOwned {
     /// The HTTP-style status of this error.
     fn status(&self) -> u16;
 }
@@ -105,25 +98,25 @@ const JSON: &str = "application/json";
 impl<T, E> Outcome for Result<T, E>
 where
     T: Serialize + DeserializeOwned,
-    E: ErrorOutcome,
+    E: ErrorStatus,
 {
-    fn disposition(&self) -> Disposition {
+    fn to_stored(&self) -> Option<StoredResponse> {
         let (status, body) = match self {
             Ok(value) => (SUCCESS_STATUS, serde_json::to_vec(value)),
             Err(error) if StoredResponse::is_storable_status(error.status()) => {
                 (error.status(), serde_json::to_vec(error))
             }
-            Err(_) => return Disposition::Discard,
+            Err(_) => return None,
         };
         match body {
-            Ok(body) => Disposition::Store(StoredResponse {
+            Ok(body) => Some(StoredResponse {
                 status,
                 content_type: JSON.to_owned(),
                 body,
             }),
             Err(error) => {
                 tracing::error!(%error, "outcome could not be serialized; rolling back");
-                Disposition::Discard
+                None
             }
         }
     }
@@ -142,12 +135,8 @@ where
 }
 
 impl Outcome for StoredResponse {
-    fn disposition(&self) -> Disposition {
-        if Self::is_storable_status(self.status) {
-            Disposition::Store(self.clone())
-        } else {
-            Disposition::Discard
-        }
+    fn to_stored(&self) -> Option<StoredResponse> {
+        Self::is_storable_status(self.status).then(|| self.clone())
     }
 
     fn from_stored(stored: StoredResponse) -> Result<Self, ReplayError> {

@@ -17,36 +17,6 @@ pub enum ClaimMode {
     Durable,
 }
 
-/// How a Postgres claim holds its key against concurrent duplicates.
-///
-/// Every engine and step on one database must use the same kind: a claim of
-/// one kind does not wait for a claim of the other. SQLite ignores it (its
-/// write lock is database-wide).
-///
-/// ```
-/// use idem_runtime::{Engine, KeyLock};
-/// # async fn demo(pool: sqlx::PgPool) {
-/// // For a Postgres-compatible engine without advisory locks:
-/// let engine = Engine::new(pool).with_key_lock(KeyLock::Row);
-/// assert_eq!(engine.key_lock(), KeyLock::Row);
-/// # }
-/// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum KeyLock {
-    /// A transaction-scoped advisory lock on a hash of `(scope, key)`, taken
-    /// with the record's read in one statement; the record is written once,
-    /// completed, just before the commit. The default, and the fastest.
-    #[default]
-    Advisory,
-    /// The key's own row: the claim inserts an `in_progress` row with plain
-    /// `INSERT … ON CONFLICT DO NOTHING` (a duplicate waits on the uncommitted
-    /// row, at most `wait_timeout`) or locks the existing one with `SELECT …
-    /// FOR UPDATE`, and the completion updates it. For Postgres-compatible
-    /// engines without advisory locks; it writes two tuple versions per key
-    /// and takes more statements.
-    Row,
-}
-
 /// What happens when the store cannot be reached.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum FailureMode {
@@ -64,8 +34,8 @@ pub enum FailureMode {
 /// use std::time::Duration;
 ///
 /// let policy = Policy::default()
-///     .retention(Duration::from_secs(7 * 24 * 3600))
-///     .wait_timeout(Duration::from_millis(500));
+///     .with_retention(Duration::from_secs(7 * 24 * 3600))
+///     .with_wait_timeout(Duration::from_millis(500));
 /// assert_eq!(policy.lock_ttl, Duration::from_secs(30));
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -104,73 +74,33 @@ impl Default for Policy {
 
 impl Policy {
     /// Sets [`Policy::retention`].
-    pub fn retention(mut self, retention: Duration) -> Self {
+    pub fn with_retention(mut self, retention: Duration) -> Self {
         self.retention = retention;
         self
     }
     /// Sets [`Policy::lock_ttl`].
-    pub fn lock_ttl(mut self, lock_ttl: Duration) -> Self {
+    pub fn with_lock_ttl(mut self, lock_ttl: Duration) -> Self {
         self.lock_ttl = lock_ttl;
         self
     }
     /// Sets [`Policy::wait_timeout`].
-    pub fn wait_timeout(mut self, wait_timeout: Duration) -> Self {
+    pub fn with_wait_timeout(mut self, wait_timeout: Duration) -> Self {
         self.wait_timeout = wait_timeout;
         self
     }
     /// Sets [`Policy::work_timeout`].
-    pub fn work_timeout(mut self, work_timeout: Duration) -> Self {
+    pub fn with_work_timeout(mut self, work_timeout: Duration) -> Self {
         self.work_timeout = Some(work_timeout);
         self
     }
     /// Sets [`Policy::failure_mode`].
-    pub fn failure_mode(mut self, failure_mode: FailureMode) -> Self {
+    pub fn with_failure_mode(mut self, failure_mode: FailureMode) -> Self {
         self.failure_mode = failure_mode;
         self
     }
     /// Sets [`Policy::claim_mode`].
-    pub fn claim_mode(mut self, claim_mode: ClaimMode) -> Self {
+    pub fn with_claim_mode(mut self, claim_mode: ClaimMode) -> Self {
         self.claim_mode = claim_mode;
         self
-    }
-}
-
-/// Parses a duration such as `"24h"`, `"30s"`, `"500ms"`, `"7d"` or `"15m"`.
-///
-/// ```
-/// use idem_runtime::policy::parse_duration;
-/// use std::time::Duration;
-/// assert_eq!(parse_duration("24h"), Some(Duration::from_secs(86_400)));
-/// assert_eq!(parse_duration("500ms"), Some(Duration::from_millis(500)));
-/// assert_eq!(parse_duration("soon"), None);
-/// ```
-pub const fn parse_duration(text: &str) -> Option<Duration> {
-    let bytes = text.as_bytes();
-    let mut value: u64 = 0;
-    let mut i = 0;
-    while i < bytes.len() && bytes[i].is_ascii_digit() {
-        value = match value.checked_mul(10) {
-            Some(v) => match v.checked_add((bytes[i] - b'0') as u64) {
-                Some(v) => v,
-                None => return None,
-            },
-            None => return None,
-        };
-        i += 1;
-    }
-    if i == 0 {
-        return None;
-    }
-    let unit_ms: u64 = match (bytes.len() - i, if i < bytes.len() { bytes[i] } else { 0 }) {
-        (2, b'm') if bytes[i + 1] == b's' => 1,
-        (1, b's') => 1_000,
-        (1, b'm') => 60_000,
-        (1, b'h') => 3_600_000,
-        (1, b'd') => 86_400_000,
-        _ => return None,
-    };
-    match value.checked_mul(unit_ms) {
-        Some(ms) => Some(Duration::from_millis(ms)),
-        None => None,
     }
 }

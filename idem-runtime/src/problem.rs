@@ -1,52 +1,77 @@
-//! A ready-made error type for idempotent operations, shaped like RFC 9457
-//! problem details.
+//! RFC 9457 problem details: a ready-made error type for idempotent
+//! operations, and the body of every error idem answers with over HTTP.
 
 use serde::{Deserialize, Serialize};
 
-use crate::outcome::ErrorOutcome;
+use crate::outcome::ErrorStatus;
 
-/// An error with an HTTP-style status, a short title and a detail for the
-/// client. Below 500 it is deterministic (stored and replayed); 500 and above
-/// it is transient (rolled back, the retry runs).
+/// An RFC 9457 problem: a `type` URI, a short `title`, an HTTP-style
+/// `status` and a `detail` that tells the client what to do. As the error of
+/// an idempotent operation, below 500 it is deterministic (stored and
+/// replayed); 500 and above it is transient (rolled back, the retry runs).
+/// With the `axum` feature it renders as `application/problem+json`.
 ///
 /// ```
-/// use idem_runtime::{ErrorOutcome, Problem};
-/// let declined = Problem::new(402, "card declined");
+/// use idem_runtime::{ErrorStatus, Problem};
+/// let declined = Problem::new(402, "card declined").with_detail("use another card");
 /// assert_eq!(declined.status(), 402);
+/// assert_eq!(declined.type_, "about:blank");
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
 #[error("{title} ({status})")]
 pub struct Problem {
+    /// A URI naming the kind of problem; `about:blank` when the status says it all.
+    #[serde(rename = "type", default = "about_blank")]
+    pub type_: String,
+    /// A short, human-readable summary of the kind of problem.
+    pub title: String,
     /// The status.
     pub status: u16,
-    /// A short, human-readable summary.
-    pub title: String,
-    /// What happened and what the client can do about it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub detail: Option<String>,
+    /// What happened this time, and what the client can do about it.
+    #[serde(default)]
+    pub detail: String,
+}
+
+/// RFC 9457's default type: the status code says it all.
+pub const ABOUT_BLANK: &str = "about:blank";
+
+fn about_blank() -> String {
+    ABOUT_BLANK.to_owned()
 }
 
 impl Problem {
-    /// A problem with a status and title.
+    /// A problem of type `about:blank` with a status and title and an empty detail.
     pub fn new(status: u16, title: impl Into<String>) -> Self {
         Self {
-            status,
+            type_: about_blank(),
             title: title.into(),
-            detail: None,
+            status,
+            detail: String::new(),
         }
     }
 
-    /// Adds a detail.
-    pub fn with_detail(mut self, detail: impl Into<String>) -> Self {
-        self.detail = Some(detail.into());
+    /// Sets the type URI.
+    pub fn with_type(mut self, type_: impl Into<String>) -> Self {
+        self.type_ = type_.into();
         self
+    }
+
+    /// Sets the detail.
+    pub fn with_detail(mut self, detail: impl Into<String>) -> Self {
+        self.detail = detail.into();
+        self
+    }
+
+    /// The JSON body.
+    pub fn to_body(&self) -> Vec<u8> {
+        serde_json::to_vec(self).expect("a problem always serializes")
     }
 }
 
 // Not listed in "the trait is implemented for" hints, which would quote this
-// line in users' compile errors; the `ErrorOutcome` note names `Problem`.
+// line in users' compile errors; the `ErrorStatus` note names `Problem`.
 #[diagnostic::do_not_recommend]
-impl ErrorOutcome for Problem {
+impl ErrorStatus for Problem {
     fn status(&self) -> u16 {
         self.status
     }

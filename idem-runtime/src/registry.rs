@@ -21,69 +21,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
 use crate::engine::Engine;
-use crate::key::IdempotencyKey;
-use crate::step::{check_step_name, child_key};
+use crate::step::check_step_name;
 use crate::store::Backend;
-
-/// A declared step: a versioned name, usable as `#[idempotent(step = CONST)]`
-/// and for derived keys. Build it with the `steps!` macro, which checks the
-/// name at compile time and registers the declaration.
-///
-/// ```
-/// use idem_runtime::registry::Step;
-/// const CHARGE: Step = Step::new("charge-card.v1");
-/// assert_eq!(CHARGE.name(), "charge-card.v1");
-/// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Step {
-    name: &'static str,
-}
-
-impl Step {
-    /// A step named `name`. Panics (at compile time, in a `const`) unless the
-    /// name has the form `name.vN`.
-    ///
-    /// ```compile_fail
-    /// use idem_runtime::registry::Step;
-    /// const BAD: Step = Step::new("Charge Card");
-    /// ```
-    pub const fn new(name: &'static str) -> Self {
-        if check_step_name(name).is_err() {
-            panic!("step names have the form `name.vN`: lowercase letters, digits and dashes, then `.v` and a version, e.g. `charge-card.v1`");
-        }
-        Self { name }
-    }
-
-    /// The step's name.
-    pub const fn name(&self) -> &'static str {
-        self.name
-    }
-}
-
-impl fmt::Display for Step {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name)
-    }
-}
-
-impl IdempotencyKey {
-    /// The key for a downstream call made as `step` on behalf of this key:
-    /// [`child_key`]`(self, step)`. Only declared [`Step`]s are accepted, so a
-    /// derived key can never come from an ad-hoc string that a later rename
-    /// would silently change.
-    ///
-    /// ```
-    /// use idem_runtime::{child_key, registry::Step, IdempotencyKey};
-    /// const SEND_RECEIPT: Step = Step::new("send-receipt.v1");
-    /// let key = IdempotencyKey::new("order-8812").unwrap();
-    /// assert_eq!(key.child(SEND_RECEIPT).as_str(), child_key("order-8812", "send-receipt.v1"));
-    /// ```
-    pub fn child(&self, step: Step) -> IdempotencyKey {
-        // 64 lowercase hex digits: always a valid key.
-        IdempotencyKey::new(child_key(self.as_str(), step.name()))
-            .expect("a child key is 64 hex digits")
-    }
-}
 
 /// Where something was written in the source.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]

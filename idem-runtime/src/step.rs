@@ -8,6 +8,8 @@
 
 use sha2::{Digest, Sha256};
 
+use crate::key::IdempotencyKey;
+
 /// Why a string is not a valid step name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum StepNameError {
@@ -101,6 +103,66 @@ pub fn child_key(parent: &str, step: &str) -> String {
     sha.update(b":");
     sha.update(step.as_bytes());
     crate::hex::encode(&sha.finalize())
+}
+
+/// A declared step: a versioned name, usable as `#[idempotent(step = CONST)]`
+/// and for derived keys. Build it with the `steps!` macro, which checks the
+/// name at compile time and registers the declaration.
+///
+/// ```
+/// use idem_runtime::step::Step;
+/// const CHARGE: Step = Step::new("charge-card.v1");
+/// assert_eq!(CHARGE.name(), "charge-card.v1");
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Step {
+    name: &'static str,
+}
+
+impl Step {
+    /// A step named `name`. Panics (at compile time, in a `const`) unless the
+    /// name has the form `name.vN`.
+    ///
+    /// ```compile_fail
+    /// use idem_runtime::step::Step;
+    /// const BAD: Step = Step::new("Charge Card");
+    /// ```
+    pub const fn new(name: &'static str) -> Self {
+        if check_step_name(name).is_err() {
+            panic!("step names have the form `name.vN`: lowercase letters, digits and dashes, then `.v` and a version, e.g. `charge-card.v1`");
+        }
+        Self { name }
+    }
+
+    /// The step's name.
+    pub const fn name(&self) -> &'static str {
+        self.name
+    }
+}
+
+impl std::fmt::Display for Step {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name)
+    }
+}
+
+impl IdempotencyKey {
+    /// The key for a downstream call made as `step` on behalf of this key:
+    /// [`child_key`]`(self, step)`. Only declared [`Step`]s are accepted, so a
+    /// derived key can never come from an ad-hoc string that a later rename
+    /// would silently change.
+    ///
+    /// ```
+    /// use idem_runtime::{child_key, step::Step, IdempotencyKey};
+    /// const SEND_RECEIPT: Step = Step::new("send-receipt.v1");
+    /// let key = IdempotencyKey::new("order-8812").unwrap();
+    /// assert_eq!(key.child(SEND_RECEIPT).as_str(), child_key("order-8812", "send-receipt.v1"));
+    /// ```
+    pub fn child(&self, step: Step) -> IdempotencyKey {
+        // 64 lowercase hex digits: always a valid key.
+        IdempotencyKey::new(child_key(self.as_str(), step.name()))
+            .expect("a child key is 64 hex digits")
+    }
 }
 
 #[cfg(test)]

@@ -7,6 +7,7 @@ use syn::spanned::Spanned;
 use syn::{Data, DeriveInput, Fields, LitStr, Member, Path, Type};
 
 use crate::errors::Errors;
+use crate::rules::label;
 
 /// A field as the encoding sees it.
 pub(crate) struct Field {
@@ -165,14 +166,6 @@ impl Labels {
     }
 }
 
-/// The 32-bit FNV-1a hash of `name`: what `idem_runtime::fingerprint::Label::new`
-/// computes for the encoding (both are pinned by tests to the same values).
-pub(crate) fn label(name: &str) -> u32 {
-    name.bytes().fold(0x811c_9dc5, |hash, byte| {
-        (hash ^ u32::from(byte)).wrapping_mul(0x0100_0193)
-    })
-}
-
 fn unraw(ident: &syn::Ident) -> String {
     let text = ident.to_string();
     text.strip_prefix("r#").map(str::to_owned).unwrap_or(text)
@@ -247,14 +240,4 @@ fn options(attrs: &[syn::Attribute], errors: &mut Errors) -> Options {
         }
     }
     options
-}
-
-#[cfg(test)]
-mod tests {
-    /// The same values `idem_runtime::fingerprint::Label` is pinned to.
-    #[test]
-    fn labels_are_fnv_1a() {
-        assert_eq!(super::label("amount"), 0xf785_ce49);
-        assert_eq!(super::label("glbvs"), super::label("yacxa"));
-    }
 }

@@ -14,11 +14,11 @@ pub(crate) fn derive(input: TokenStream) -> TokenStream {
         Ok(input) => input,
         Err(error) => return error.to_compile_error(),
     };
-    let mut errors = Errors::default();
+    let mut errors = Errors::new();
     let shape = attr::read(&input, &mut errors);
-    match errors.finish() {
-        None => expand::implementation(&input, &shape),
-        Some(mut reported) => {
+    match errors.check() {
+        Ok(()) => expand::implementation(&input, &shape),
+        Err(mut reported) => {
             // One set of errors, plus a stub impl so uses of the type do not
             // add a cascade of "does not implement Fingerprint".
             reported.extend(expand::fallback(&input));

@@ -2,10 +2,11 @@
 
 use proc_macro2::Span;
 use syn::ext::IdentExt;
-use syn::parse::{Parse, ParseStream};
+use syn::parse::ParseStream;
 use syn::{bracketed, Ident, LitStr, Path, Token};
 
-use crate::errors::{check_step_name, parse_millis};
+use crate::errors::Errors;
+use crate::rules::{check_step_name, parse_millis};
 
 const EXPECTED: &str = "expected one of `scope`, `step`, `retain`, `lock_ttl`, `wait`, `timeout`, `fail_open`, `durable`, `http`";
 
@@ -35,8 +36,6 @@ pub(crate) struct Args {
     pub(crate) fail_open: bool,
     pub(crate) durable: bool,
     pub(crate) http: bool,
-    /// Problems found while parsing that do not stop it (reported together).
-    pub(crate) errors: Vec<syn::Error>,
 }
 
 impl Args {
@@ -51,55 +50,52 @@ impl Args {
     }
 }
 
-impl Parse for Args {
-    fn parse(input: ParseStream<'_>) -> syn::Result<Self> {
-        let mut args = Args::default();
-        let mut seen: Vec<String> = Vec::new();
-        while !input.is_empty() {
-            let name = Ident::parse_any(input)?;
-            let key = name.to_string();
-            if seen.contains(&key) {
-                args.errors.push(syn::Error::new(
-                    name.span(),
-                    format!("`{key}` is given twice; give each argument once"),
-                ));
-            }
-            seen.push(key.clone());
-            match key.as_str() {
-                "scope" => {
-                    input.parse::<Token![=]>()?;
-                    args.scope = Some(parse_scope(input)?);
-                }
-                "step" => {
-                    input.parse::<Token![=]>()?;
-                    args.step = Some(parse_step(input, &mut args.errors)?);
-                }
-                "retain" => args.retain = Some(parse_duration(input, &mut args.errors)?),
-                "lock_ttl" => args.lock_ttl = Some(parse_duration(input, &mut args.errors)?),
-                "wait" => args.wait = Some(parse_duration(input, &mut args.errors)?),
-                "timeout" => args.timeout = Some(parse_duration(input, &mut args.errors)?),
-                "fail_open" => args.fail_open = flag(input, &name)?,
-                "durable" => args.durable = flag(input, &name)?,
-                "http" => args.http = flag(input, &name)?,
-                _ => {
-                    args.errors.push(syn::Error::new(
-                        name.span(),
-                        format!("unknown argument `{key}`; {EXPECTED}"),
-                    ));
-                    // Skip its value, if any, so the remaining arguments are still checked.
-                    if input.peek(Token![=]) {
-                        input.parse::<Token![=]>()?;
-                        input.parse::<syn::Expr>()?;
-                    }
-                }
-            }
-            if input.is_empty() {
-                break;
-            }
-            input.parse::<Token![,]>()?;
+/// Parses the arguments. Problems that do not stop the parse go to `errors`,
+/// so they are reported together with the rest.
+pub(crate) fn parse(input: ParseStream<'_>, errors: &mut Errors) -> syn::Result<Args> {
+    let mut args = Args::default();
+    let mut seen: Vec<String> = Vec::new();
+    while !input.is_empty() {
+        let name = Ident::parse_any(input)?;
+        let key = name.to_string();
+        if seen.contains(&key) {
+            errors.push_at(
+                name.span(),
+                format!("`{key}` is given twice; give each argument once"),
+            );
         }
-        Ok(args)
+        seen.push(key.clone());
+        match key.as_str() {
+            "scope" => {
+                input.parse::<Token![=]>()?;
+                args.scope = Some(parse_scope(input)?);
+            }
+            "step" => {
+                input.parse::<Token![=]>()?;
+                args.step = Some(parse_step(input, errors)?);
+            }
+            "retain" => args.retain = Some(parse_duration(input, errors)?),
+            "lock_ttl" => args.lock_ttl = Some(parse_duration(input, errors)?),
+            "wait" => args.wait = Some(parse_duration(input, errors)?),
+            "timeout" => args.timeout = Some(parse_duration(input, errors)?),
+            "fail_open" => args.fail_open = flag(input, &name)?,
+            "durable" => args.durable = flag(input, &name)?,
+            "http" => args.http = flag(input, &name)?,
+            _ => {
+                errors.push_at(name.span(), format!("unknown argument `{key}`; {EXPECTED}"));
+                // Skip its value, if any, so the remaining arguments are still checked.
+                if input.peek(Token![=]) {
+                    input.parse::<Token![=]>()?;
+                    input.parse::<syn::Expr>()?;
+                }
+            }
+        }
+        if input.is_empty() {
+            break;
+        }
+        input.parse::<Token![,]>()?;
     }
+    Ok(args)
 }
 
 fn parse_scope(input: ParseStream<'_>) -> syn::Result<Vec<LitStr>> {
@@ -121,14 +117,14 @@ fn parse_scope(input: ParseStream<'_>) -> syn::Result<Vec<LitStr>> {
     }
 }
 
-fn parse_step(input: ParseStream<'_>, errors: &mut Vec<syn::Error>) -> syn::Result<StepArg> {
+fn parse_step(input: ParseStream<'_>, errors: &mut Errors) -> syn::Result<StepArg> {
     if input.peek(LitStr) {
         let literal: LitStr = input.parse()?;
         if let Err(why) = check_step_name(&literal.value()) {
-            errors.push(syn::Error::new(
+            errors.push_at(
                 literal.span(),
                 format!("step name `{}` {why}", literal.value()),
-            ));
+            );
         }
         Ok(StepArg::Literal(literal))
     } else if input.peek(Ident)
@@ -143,10 +139,7 @@ fn parse_step(input: ParseStream<'_>, errors: &mut Vec<syn::Error>) -> syn::Resu
     }
 }
 
-fn parse_duration(
-    input: ParseStream<'_>,
-    errors: &mut Vec<syn::Error>,
-) -> syn::Result<DurationArg> {
+fn parse_duration(input: ParseStream<'_>, errors: &mut Errors) -> syn::Result<DurationArg> {
     input.parse::<Token![=]>()?;
     let literal: LitStr = input.parse().map_err(|e| {
         syn::Error::new(
@@ -155,10 +148,10 @@ fn parse_duration(
         )
     })?;
     let millis = parse_millis(&literal.value()).unwrap_or_else(|| {
-        errors.push(syn::Error::new(
+        errors.push_at(
             literal.span(),
             format!("`{}` is not a duration; write a number and a unit: `ms`, `s`, `m`, `h` or `d`, e.g. \"24h\"", literal.value()),
-        ));
+        );
         0
     });
     Ok(DurationArg { millis })

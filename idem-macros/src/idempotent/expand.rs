@@ -3,8 +3,9 @@
 //! The signature keeps every parameter but one: the transaction parameter
 //! (`tx: &mut SqliteConnection`) becomes the engine (`engine: &Engine<Sqlite>`,
 //! or `engine: Engine<Sqlite>` as an axum extractor). The body is re-emitted as
-//! written inside `async move`, spanned on the user's block, so errors in it
-//! still point at the user's lines and `?`/`return` keep their meaning.
+//! written as an async closure over the transaction, spanned on the user's
+//! block, so errors in it still point at the user's lines and `?`/`return`
+//! keep their meaning; `__private::run` does the rest, as `Engine::run` does.
 
 use proc_macro2::{Ident, Span, TokenStream};
 use quote::{quote, quote_spanned, ToTokens};
@@ -14,39 +15,95 @@ use syn::{FnArg, GenericArgument, PathArguments, ReturnType, Type};
 use super::attr::{Args, StepArg};
 use super::params::{peel, type_span, Analysis};
 
-pub(crate) fn wrapper(args: &Args, function: &syn::ItemFn, analysis: Analysis) -> TokenStream {
-    let syn::ItemFn {
-        attrs,
-        vis,
-        sig,
-        block,
-    } = function;
-    let fn_name = sig.ident.to_string();
-    let engine = Ident::new("engine", Span::mixed_site());
-    let guard = Ident::new("__idem_guard", Span::mixed_site());
-    let op = Ident::new("__idem_op", Span::mixed_site());
-    let step = Ident::new("__idem_step", Span::mixed_site());
-    let value = Ident::new("__idem_value", Span::mixed_site());
-    let result = Ident::new("__idem_result", Span::mixed_site());
-    let fingerprint = Ident::new("__idem_fingerprint", Span::mixed_site());
-    let key = Ident::new("__idem_key", Span::mixed_site());
+/// The wrapper's own names, at mixed-site hygiene: the user's code can
+/// neither see nor shadow them.
+struct Locals {
+    engine: Ident,
+    op: Ident,
+    step: Ident,
+    value: Ident,
+    fingerprint: Ident,
+    key: Ident,
+}
 
+impl Locals {
+    fn new() -> Self {
+        let local = |name: &str| Ident::new(name, Span::mixed_site());
+        Self {
+            engine: local("engine"),
+            op: local("__idem_op"),
+            step: local("__idem_step"),
+            value: local("__idem_value"),
+            fingerprint: local("__idem_fingerprint"),
+            key: local("__idem_key"),
+        }
+    }
+}
+
+/// The whole wrapper: the signature, the step's registration, the
+/// operation (with its policy) and the body that runs it.
+pub(crate) fn wrapper(args: &Args, function: &syn::ItemFn, analysis: Analysis) -> TokenStream {
+    let locals = Locals::new();
+    let user_ret: Type = match &function.sig.output {
+        ReturnType::Default => syn::parse_quote!(()),
+        ReturnType::Type(_, ty) => (**ty).clone(),
+    };
+    let signature = signature(args, function, &analysis, &locals, &user_ret);
+    // The step: a checked literal, or a declared `Step` constant.
+    let step_expr = match args.step.as_ref().expect("checked") {
+        StepArg::Literal(literal) => literal.to_token_stream(),
+        StepArg::Path(path) => quote_spanned!(path.span()=> ::idem::__private::step_name(#path)),
+    };
+    let registration = registration(&step_expr, &function.sig.ident);
+    let operation = operation(&analysis, &locals);
+    let engine = &locals.engine;
+    let engine_ref = if args.http {
+        quote!(&#engine)
+    } else {
+        quote!(#engine)
+    };
+    let op = &locals.op;
+    let policy = policy(args, &engine_ref)
+        .map(|policy| quote!(let #op = ::idem::__private::Operation::with_policy(#op, #policy);));
+    let body = body(args, function, &analysis, &locals, &user_ret, &engine_ref);
+    let step = &locals.step;
+    quote! {
+        #signature {
+            #registration
+            let #step: &'static str = #step_expr;
+            #operation
+            #policy
+            #body
+        }
+    }
+}
+
+/// The wrapper's signature: the function's own, the transaction parameter
+/// swapped for the engine and the return type for the engine's answer.
+fn signature(
+    args: &Args,
+    function: &syn::ItemFn,
+    analysis: &Analysis,
+    locals: &Locals,
+    user_ret: &Type,
+) -> TokenStream {
+    let syn::ItemFn {
+        attrs, vis, sig, ..
+    } = function;
     let tx = analysis.params[analysis.tx]
         .as_ref()
         .expect("the transaction is a typed parameter");
     let database = database_of(&tx.ty);
+    let engine = &locals.engine;
     let engine_ty = if args.http {
         quote!(::idem::Engine<#database>)
     } else {
         quote!(&::idem::Engine<#database>)
     };
-
-    // The wrapper's parameters: the originals, the transaction swapped for the engine.
     let inputs = sig.inputs.iter().enumerate().map(|(index, input)| {
         match (input, &analysis.params[index]) {
-            (FnArg::Typed(typed), Some(param)) if index == analysis.tx => {
+            (FnArg::Typed(typed), Some(_)) if index == analysis.tx => {
                 let attrs = &typed.attrs;
-                let _ = param;
                 quote!(#(#attrs)* #engine: #engine_ty)
             }
             (FnArg::Typed(typed), Some(param)) => {
@@ -63,45 +120,57 @@ pub(crate) fn wrapper(args: &Args, function: &syn::ItemFn, analysis: Analysis) -
             (receiver, _) => receiver.to_token_stream(),
         }
     });
-
-    let user_ret: Type = match &sig.output {
-        ReturnType::Default => syn::parse_quote!(()),
-        ReturnType::Type(_, ty) => (**ty).clone(),
-    };
-    let ret_span = type_span(&user_ret);
     let output = if args.http {
         quote!(::idem::__private::axum::response::Response)
     } else {
-        quote!(::idem::__private::core::result::Result<::idem::Completed<#user_ret>, ::idem::IdemError>)
+        quote!(::core::result::Result<::idem::Answer<#user_ret>, ::idem::IdemError>)
     };
+    let syn::Signature {
+        constness,
+        unsafety,
+        abi,
+        ident,
+        generics,
+        ..
+    } = sig;
+    let where_clause = &generics.where_clause;
+    quote! {
+        #(#attrs)*
+        #vis #constness async #unsafety #abi fn #ident #generics(#(#inputs),*) -> #output #where_clause
+    }
+}
 
-    // The step: a checked literal, or a declared `Step` constant.
-    let step_expr = match args.step.as_ref().expect("checked") {
-        StepArg::Literal(literal) => literal.to_token_stream(),
-        StepArg::Path(path) => quote_spanned!(path.span()=> ::idem::__private::step_name(#path)),
-    };
-    let registration = quote! {
+/// Registers the step's use by this function, for `idem::registry`.
+fn registration(step: &TokenStream, function: &Ident) -> TokenStream {
+    let function = function.to_string();
+    quote! {
         ::idem::__private::inventory::submit! {
             ::idem::__private::StepUse::new(
-                #step_expr,
+                #step,
                 ::idem::__private::Location {
-                    item: ::idem::__private::core::concat!(::idem::__private::core::module_path!(), "::", #fn_name),
+                    item: ::idem::__private::core::concat!(::idem::__private::core::module_path!(), "::", #function),
                     file: ::idem::__private::core::file!(),
                     line: ::idem::__private::core::line!(),
                 },
             )
         }
-    };
+    }
+}
 
-    // Compile-time checks, each spanned on the type it is about.
+/// The operation: the request's fingerprint, the key and the scope; and the
+/// destructuring patterns, re-bound for the body.
+fn operation(analysis: &Analysis, locals: &Locals) -> TokenStream {
+    let Locals {
+        op,
+        step,
+        fingerprint,
+        key,
+        ..
+    } = locals;
     let request = analysis.params[analysis.request]
         .as_ref()
         .expect("the request is a typed parameter");
     let request_name = &request.name;
-    // Storability: when the return type is spelled `Result<T, E>`, completing
-    // and replaying go through `<T as Stores<_>>`, both paths spanned on `T`,
-    // so a `T` that cannot be stored gets one error, on `T`, naming the derive.
-    let success = result_success(&user_ret).filter(|_| !args.http && !mentions_impl(&user_ret));
     // The request is fingerprinted through `<Request as Fingerprint>::fingerprint`,
     // spanned on the request type: a type without `Fingerprint` gets one
     // error, there, naming it and the derive.
@@ -131,61 +200,45 @@ pub(crate) fn wrapper(args: &Args, function: &syn::ItemFn, analysis: Analysis) -
             quote!(let #pat = #name;)
         });
     let scope = &analysis.scope;
+    quote! {
+        let #fingerprint = #fingerprint_call;
+        let #key = ::idem::__private::key(&#key_name);
+        #(#destructure)*
+        let #op = ::idem::__private::Operation::with_fingerprint(
+            ::idem::__private::scope(&[#(&#scope),*]),
+            #key,
+            #step,
+            #fingerprint,
+        );
+    }
+}
 
-    let policy = args.overrides_policy().then(|| {
-        let duration =
-            |millis: u64| quote!(::idem::__private::core::time::Duration::from_millis(#millis));
-        let mut sets = TokenStream::new();
-        if let Some(retain) = &args.retain {
-            let d = duration(retain.millis);
-            sets.extend(quote!(policy.retention = #d;));
-        }
-        if let Some(lock_ttl) = &args.lock_ttl {
-            let d = duration(lock_ttl.millis);
-            sets.extend(quote!(policy.lock_ttl = #d;));
-        }
-        if let Some(wait) = &args.wait {
-            let d = duration(wait.millis);
-            sets.extend(quote!(policy.wait_timeout = #d;));
-        }
-        if let Some(timeout) = &args.timeout {
-            let d = duration(timeout.millis);
-            sets.extend(
-                quote!(policy.work_timeout = ::idem::__private::core::option::Option::Some(#d);),
-            );
-        }
-        if args.fail_open {
-            sets.extend(quote!(policy.failure_mode = ::idem::__private::FailureMode::Open;));
-        }
-        if args.durable {
-            sets.extend(quote!(policy.claim_mode = ::idem::__private::ClaimMode::Durable;));
-        }
-        let engine_ref = if args.http {
-            quote!(&#engine)
-        } else {
-            quote!(#engine)
-        };
-        quote! {
-            let #op = #op.policy({
-                let mut policy = *::idem::Engine::policy(#engine_ref);
-                #sets
-                policy
-            });
-        }
-    });
-
-    let tx_pat = &tx.pat;
-    let tx_ty = &tx.ty;
-    let body = if mentions_impl(&user_ret) {
-        quote_spanned!(block.span()=> async move #block)
+/// The call that runs the operation: `__private::run` with the user's block
+/// as an async closure over the transaction, and how its outcome is kept.
+fn body(
+    args: &Args,
+    function: &syn::ItemFn,
+    analysis: &Analysis,
+    locals: &Locals,
+    user_ret: &Type,
+    engine: &TokenStream,
+) -> TokenStream {
+    let block = &function.block;
+    let Locals { op, value, .. } = locals;
+    let tx = analysis.params[analysis.tx]
+        .as_ref()
+        .expect("the transaction is a typed parameter");
+    let (tx_pat, tx_ty) = (&tx.pat, &tx.ty);
+    let user_body = if mentions_impl(user_ret) {
+        block.to_token_stream()
     } else {
         // A fake return edge (as in `tracing`'s `#[instrument]`): the first
-        // `return` of the async block has the declared type, so the block's
-        // output is pinned before the body is checked; `?` and a mistyped
-        // tail are then reported on the user's lines, not on the wrapper.
+        // `return` has the declared type, so the output is pinned before the
+        // body is checked; `?` and a mistyped tail are then reported on the
+        // user's lines, not on the wrapper.
         let fake = Ident::new("__idem_fake_return", Span::mixed_site());
         quote_spanned! {block.span()=>
-            async move {
+            {
                 #[allow(
                     unknown_lints,
                     unreachable_code,
@@ -202,117 +255,98 @@ pub(crate) fn wrapper(args: &Args, function: &syn::ItemFn, analysis: Analysis) -
             }
         }
     };
-    let engine_ref = if args.http {
-        quote!(&#engine)
-    } else {
-        quote!(#engine)
-    };
-
-    let (complete, replay) = if args.http {
-        (
-            quote! {
-                let #value = ::idem::__private::axum::response::IntoResponse::into_response(#value);
-                #guard.complete(::idem::__private::http::into_stored(#value).await).await
-            },
-            quote!(::idem::__private::replayed::<::idem::StoredResponse>(
-                stored
-            )),
-        )
-    } else if let Some(success) = success {
-        // Every obligation on `T` must land on one span, or rustc reports it
-        // once per span: the path, the call and the `.await` (which names the
-        // trait again) are all spanned on `T`'s first token, and so is `T`
-        // itself, re-spanned, so that `Vec<Receipt>` is one span too.
-        let span = type_span(success);
-        let success = respan(success, span);
-        // `E` goes through `<E as CheckedError>::Checked`, spanned on `E`: an
-        // `E` without `ErrorOutcome` gets an error there (and, as `Stores`
-        // needs it too, a second one on `T`).
-        let error = result_error(&user_ret).map_or_else(
-            || quote!(_),
-            |error| quote_spanned!(type_span(error)=> <#error as ::idem::__private::CheckedError>::Checked),
-        );
-        let stores = quote_spanned!(span=> <#success as ::idem::__private::Stores<#error>>);
-        (
-            quote_spanned!(span=> #stores::complete(#guard, #value).await),
-            quote_spanned!(span=> #stores::replayed(stored)),
-        )
-    } else if !mentions_impl(&user_ret) {
-        // Any other `Outcome` (an alias, a hand-written impl): through
-        // `<O as Completes>`, on one span, as for `Stores` above.
-        let outcome = respan(&user_ret, ret_span);
-        let completes = quote_spanned!(ret_span=> <#outcome as ::idem::__private::Completes>);
-        (
-            quote_spanned!(ret_span=> #completes::complete(#guard, #value).await),
-            quote_spanned!(ret_span=> #completes::replayed(stored)),
-        )
-    } else {
-        (
-            quote!(#guard.complete(#value).await),
-            quote!(::idem::__private::replayed(stored)),
-        )
-    };
-    let run = quote! {
-        match ::idem::Engine::claim(#engine_ref, &#op).await {
-            ::idem::__private::core::result::Result::Err(error) => ::idem::__private::core::result::Result::Err(error),
-            ::idem::__private::core::result::Result::Ok(::idem::__private::Claim::Replay(stored)) => #replay,
-            ::idem::__private::core::result::Result::Ok(::idem::__private::Claim::Execute(mut #guard)) => {
-                let #value = {
-                    let limit = #guard.work_timeout();
-                    let #tx_pat: #tx_ty = #guard.connection();
-                    ::idem::__private::within(limit, #body).await
-                };
-                match #value {
-                    ::idem::__private::core::option::Option::Some(#value) => { #complete }
-                    ::idem::__private::core::option::Option::None => ::idem::__private::timed_out(#guard).await,
-                }
+    // The work, spanned on the user's block.
+    let work = if args.http {
+        // The rendered response is what is stored; the user's block keeps its
+        // own `return`s, inside an async block of its own.
+        quote_spanned! {block.span()=>
+            async move |#tx_pat: #tx_ty| {
+                let #value = ::idem::__private::axum::response::IntoResponse::into_response(
+                    async move #user_body.await,
+                );
+                ::idem::__private::http::into_stored(#value).await
             }
         }
+    } else {
+        quote_spanned!(block.span()=> async move |#tx_pat: #tx_ty| #user_body)
     };
-    let finish = if args.http {
+    let codec = codec(args, user_ret);
+    let run = quote!(::idem::__private::run(#engine, &#op, #codec, #work).await);
+    if args.http {
         // One `idem.request` span per request (scope, step, key tag), whose
         // outcome `respond` records.
         quote! {
             ::idem::__private::Instrument::instrument(
-                async {
-                    let #result = #run;
-                    ::idem::__private::http::respond(#result)
-                },
+                async { ::idem::__private::http::respond(#run) },
                 ::idem::__private::http::operation_span(&#op),
             )
             .await
         }
     } else {
         run
-    };
-
-    let syn::Signature {
-        constness,
-        unsafety,
-        abi,
-        ident,
-        generics,
-        ..
-    } = sig;
-    let where_clause = &generics.where_clause;
-    quote! {
-        #(#attrs)*
-        #vis #constness async #unsafety #abi fn #ident #generics(#(#inputs),*) -> #output #where_clause {
-            #registration
-            let #step: &'static str = #step_expr;
-            let #fingerprint = #fingerprint_call;
-            let #key = ::idem::__private::key(&#key_name);
-            #(#destructure)*
-            let #op = ::idem::__private::Operation::with_fingerprint(
-                ::idem::__private::scope(&[#(&#scope),*]),
-                #key,
-                #step,
-                #fingerprint,
-            );
-            #policy
-            #finish
-        }
     }
+}
+
+/// How the outcome is kept and replayed, named on the user's types so that
+/// one that cannot be stored is reported there.
+fn codec(args: &Args, user_ret: &Type) -> TokenStream {
+    if args.http || mentions_impl(user_ret) {
+        return quote!(::idem::__private::Codec::outcome());
+    }
+    if let Some(success) = result_success(user_ret) {
+        // `Result<T, E>`: through `<T as Stores<_>>`. Every obligation on `T`
+        // must land on one span, or rustc reports it once per span: the path
+        // is spanned on `T`'s first token, and so is `T` itself, re-spanned,
+        // so that `Vec<Receipt>` is one span too.
+        let span = type_span(success);
+        let success = respan(success, span);
+        // `E` goes through `<E as CheckedError>::Checked`, spanned on `E`: an
+        // `E` without `ErrorStatus` gets its one error there.
+        let error = result_error(user_ret).map_or_else(
+            || quote!(_),
+            |error| quote_spanned!(type_span(error)=> <#error as ::idem::__private::CheckedError>::Checked),
+        );
+        quote_spanned!(span=> <#success as ::idem::__private::Stores<#error>>::CODEC)
+    } else {
+        // Any other `Outcome` (an alias, a hand-written impl): through
+        // `<O as Completes>`, on one span, as for `Stores` above.
+        let span = type_span(user_ret);
+        let outcome = respan(user_ret, span);
+        quote_spanned!(span=> <#outcome as ::idem::__private::Completes>::CODEC)
+    }
+}
+
+/// The engine's policy with the attribute's overrides, if it has any.
+fn policy(args: &Args, engine: &TokenStream) -> Option<TokenStream> {
+    if !args.overrides_policy() {
+        return None;
+    }
+    let duration =
+        |millis: u64| quote!(::idem::__private::core::time::Duration::from_millis(#millis));
+    let mut policy = quote!(::idem::__private::policy(#engine));
+    if let Some(retain) = &args.retain {
+        let d = duration(retain.millis);
+        policy = quote!(#policy.with_retention(#d));
+    }
+    if let Some(lock_ttl) = &args.lock_ttl {
+        let d = duration(lock_ttl.millis);
+        policy = quote!(#policy.with_lock_ttl(#d));
+    }
+    if let Some(wait) = &args.wait {
+        let d = duration(wait.millis);
+        policy = quote!(#policy.with_wait_timeout(#d));
+    }
+    if let Some(timeout) = &args.timeout {
+        let d = duration(timeout.millis);
+        policy = quote!(#policy.with_work_timeout(#d));
+    }
+    if args.fail_open {
+        policy = quote!(#policy.with_failure_mode(::idem::__private::FailureMode::Open));
+    }
+    if args.durable {
+        policy = quote!(#policy.with_claim_mode(::idem::__private::ClaimMode::Durable));
+    }
+    Some(policy)
 }
 
 /// The database of the engine that replaces a `&mut <Connection>` parameter.
@@ -347,10 +381,10 @@ fn database_of(ty: &Type) -> TokenStream {
             .as_deref()
         {
             Some("SqliteConnection") => {
-                return quote_spanned!(connection.span()=> ::idem::__private::sqlx::Sqlite)
+                return quote_spanned!(connection.span()=> ::idem::sqlx::Sqlite)
             }
             Some("PgConnection") => {
-                return quote_spanned!(connection.span()=> ::idem::__private::sqlx::Postgres)
+                return quote_spanned!(connection.span()=> ::idem::sqlx::Postgres)
             }
             _ => {}
         }

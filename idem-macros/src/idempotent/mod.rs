@@ -8,6 +8,8 @@ mod params;
 use proc_macro2::TokenStream;
 use quote::ToTokens;
 
+use crate::errors::Errors;
+
 /// The whole attribute: `args` are the tokens inside `#[idempotent(...)]`.
 pub(crate) fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
     let mut function: syn::ItemFn = match syn::parse2(item.clone()) {
@@ -22,25 +24,19 @@ pub(crate) fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
             return out;
         }
     };
-    let parsed = syn::parse::Parser::parse2(
-        |input: syn::parse::ParseStream<'_>| input.parse::<attr::Args>(),
+    let mut errors = Errors::new();
+    let args = syn::parse::Parser::parse2(
+        |input: syn::parse::ParseStream<'_>| attr::parse(input, &mut errors),
         args,
-    );
-    let (args, mut errors) = match parsed {
-        Ok(mut args) => {
-            let errors = std::mem::take(&mut args.errors);
-            (Some(args), errors)
-        }
-        Err(error) => (None, vec![error]),
-    };
+    )
+    .map_err(|error| errors.push(error))
+    .ok();
     let analysis = args
         .as_ref()
-        .map(|args| params::analyse(args, &mut function, &mut errors));
-    match (args, analysis) {
-        (Some(args), Some(Some(analysis))) if errors.is_empty() => {
-            expand::wrapper(&args, &function, analysis)
-        }
-        _ => {
+        .and_then(|args| params::analyse(args, &mut function, &mut errors));
+    match (errors.check(), args, analysis) {
+        (Ok(()), Some(args), Some(analysis)) => expand::wrapper(&args, &function, analysis),
+        (reported, ..) => {
             // Report everything, and keep the function as written (minus the
             // `#[fingerprint]` markers) so its own code is still checked and
             // no cascade of unrelated errors follows.
@@ -49,7 +45,7 @@ pub(crate) fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
             function
                 .attrs
                 .push(syn::parse_quote!(#[allow(unused_variables)]));
-            let mut out: TokenStream = errors.into_iter().map(|e| e.to_compile_error()).collect();
+            let mut out = reported.err().unwrap_or_default();
             function.to_tokens(&mut out);
             out
         }

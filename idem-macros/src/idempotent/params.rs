@@ -6,6 +6,7 @@ use syn::spanned::Spanned;
 use syn::{FnArg, Pat, Type};
 
 use super::attr::{missing, Args};
+use crate::errors::Errors;
 
 /// One typed parameter of the original function.
 pub(crate) struct Param {
@@ -50,7 +51,7 @@ pub(crate) fn strip_markers(function: &mut syn::ItemFn) {
 pub(crate) fn analyse(
     args: &Args,
     function: &mut syn::ItemFn,
-    errors: &mut Vec<syn::Error>,
+    errors: &mut Errors,
 ) -> Option<Analysis> {
     let sig = &function.sig;
     let fn_name = sig.ident.to_string();

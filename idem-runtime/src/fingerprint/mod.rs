@@ -202,10 +202,7 @@ impl FingerprintHasher {
         &mut self,
         items: impl ExactSizeIterator<Item = &'a T>,
     ) {
-        self.tagged_len(b'l', items.len());
-        for item in items {
-            item.fingerprint(self);
-        }
+        self.tagged_items(b'l', items);
     }
 
     /// Starts a tuple of `arity` elements; write each element next.
@@ -236,7 +233,17 @@ impl FingerprintHasher {
         &mut self,
         items: impl ExactSizeIterator<Item = &'a T>,
     ) {
-        self.tagged_len(b'e', items.len());
+        self.tagged_items(b'e', items);
+    }
+
+    /// `tag`, the count, then each item.
+    #[inline]
+    fn tagged_items<'a, T: Fingerprint + 'a>(
+        &mut self,
+        tag: u8,
+        items: impl ExactSizeIterator<Item = &'a T>,
+    ) {
+        self.tagged_len(tag, items.len());
         for item in items {
             item.fingerprint(self);
         }

@@ -2,19 +2,20 @@
 
 use axum::response::{IntoResponse, Response};
 
-use super::problem::{types, with_retry_after, ProblemDetails};
+use super::problem::{types, with_retry_after};
 use super::trace::{label, record_outcome};
 use crate::error::IdemError;
+use crate::problem::Problem;
 
 /// The problem body for an engine error.
 ///
 /// ```
-/// use idem_runtime::{http::ProblemDetails, IdemError};
-/// let problem = ProblemDetails::from(&IdemError::Mismatch);
+/// use idem_runtime::{IdemError, Problem};
+/// let problem = Problem::from(&IdemError::Mismatch);
 /// assert_eq!(problem.status, 422);
 /// assert!(problem.detail.contains("new key"));
 /// ```
-impl From<&IdemError> for ProblemDetails {
+impl From<&IdemError> for Problem {
     fn from(error: &IdemError) -> Self {
         let (type_, title, detail) = match error {
             IdemError::Mismatch => (
@@ -66,7 +67,7 @@ impl From<&IdemError> for ProblemDetails {
                     .to_owned(),
             ),
         };
-        ProblemDetails::new(error.http_status(), title)
+        Problem::new(error.http_status(), title)
             .with_type(type_)
             .with_detail(detail)
     }
@@ -91,7 +92,7 @@ impl IntoResponse for IdemError {
         if let IdemError::Unavailable { source, .. } = &self {
             tracing::warn!(error = %source, "idempotency store unavailable; refusing the request (fail closed)");
         }
-        let response = ProblemDetails::from(&self).into_response();
+        let response = Problem::from(&self).into_response();
         match self.retry_after() {
             Some(retry_after) => with_retry_after(response, retry_after),
             None => response,

@@ -6,8 +6,9 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde::de::DeserializeOwned;
 
-use super::problem::{types, ProblemDetails};
+use super::problem::types;
 use super::trace::record_rejected;
+use crate::problem::Problem;
 
 /// Like [`axum::Json`], but a body that cannot be used is refused with an
 /// `application/problem+json` answer before the handler (and so before any
@@ -55,24 +56,24 @@ where
 
 impl JsonRejection {
     /// The problem this rejection answers with.
-    pub fn problem(&self) -> ProblemDetails {
+    pub fn problem(&self) -> Problem {
         let status = self.0.status();
         if status == StatusCode::PAYLOAD_TOO_LARGE {
-            return ProblemDetails::new(413, "Request body too large")
+            return Problem::new(413, "Request body too large")
                 .with_type(types::BODY_TOO_LARGE)
                 .with_detail("The request body is larger than this route accepts. Nothing was executed or stored; send a smaller body.");
         }
         match &self.0 {
-            AxumJsonRejection::MissingJsonContentType(_) => ProblemDetails::new(415, "Unsupported media type")
+            AxumJsonRejection::MissingJsonContentType(_) => Problem::new(415, "Unsupported media type")
                 .with_type(types::UNSUPPORTED_MEDIA_TYPE)
                 .with_detail("Send the body as JSON with `Content-Type: application/json`. Nothing was executed or stored."),
             AxumJsonRejection::JsonSyntaxError(_) | AxumJsonRejection::JsonDataError(_) => {
-                ProblemDetails::new(400, "Malformed request body").with_type(types::MALFORMED_BODY).with_detail(format!(
+                Problem::new(400, "Malformed request body").with_type(types::MALFORMED_BODY).with_detail(format!(
                     "The body is not valid JSON for this request ({}). Nothing was executed or stored; fix the body and retry.",
                     self.0.body_text()
                 ))
             }
-            other => ProblemDetails::new(status.as_u16(), "Unreadable request body")
+            other => Problem::new(status.as_u16(), "Unreadable request body")
                 .with_type(types::MALFORMED_BODY)
                 .with_detail(format!("The request body could not be read ({}). Nothing was executed or stored.", other.body_text())),
         }

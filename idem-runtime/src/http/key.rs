@@ -5,9 +5,10 @@ use axum::http::request::Parts;
 use axum::http::HeaderValue;
 use axum::response::{IntoResponse, Response};
 
-use super::problem::{types, ProblemDetails};
+use super::problem::types;
 use super::trace::record_rejected;
 use crate::key::{IdempotencyKey, KeyError};
+use crate::problem::Problem;
 
 /// The header's name, lowercase as HTTP/2 sends it.
 pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
@@ -41,7 +42,7 @@ impl IntoResponse for KeyRejection {
                 (types::KEY_MALFORMED, "Idempotency-Key header malformed")
             }
         };
-        ProblemDetails::new(400, title)
+        Problem::new(400, title)
             .with_type(type_)
             .with_detail(self.to_string())
             .into_response()

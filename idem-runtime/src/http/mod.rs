@@ -36,12 +36,12 @@
 //!     async move {
 //!         let mut guard = match engine.claim(&op).await {
 //!             Ok(Claim::Execute(guard)) => guard,
-//!             Ok(Claim::Replay(stored)) => return http::respond(Claim::<Sqlite>::replayed(stored)),
+//!             Ok(Claim::Replay(replay)) => return http::respond(replay.decode()),
 //!             Err(error) => return http::respond(Err(error)),
 //!         };
-//!         // ... business writes on guard.connection() ...
+//!         // ... business writes on `&mut *guard`, the claim's connection ...
 //!         let stored = http::into_stored((axum::http::StatusCode::CREATED, axum::Json(body)).into_response()).await;
-//!         http::respond(guard.complete(stored).await)
+//!         http::respond(guard.commit(stored).await)
 //!     }
 //!     .instrument(span)
 //!     .await
@@ -63,6 +63,6 @@ mod trace;
 
 pub use json::{Json, JsonRejection};
 pub use key::{parse_header_value, KeyRejection, IDEMPOTENCY_KEY};
-pub use problem::ProblemDetails;
+
 pub use response::{into_stored, respond, IDEMPOTENT_REPLAYED};
 pub use trace::{operation_span, record_outcome};

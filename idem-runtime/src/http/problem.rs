@@ -1,8 +1,10 @@
-//! RFC 9457 problem details: the body of every error idem answers with.
+//! RFC 9457 problem details over HTTP: their media type, the types idem
+//! answers with, and how a [`Problem`] renders.
 
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use serde::{Deserialize, Serialize};
+
+use crate::problem::Problem;
 
 /// The media type of a problem body.
 pub const PROBLEM_JSON: &str = "application/problem+json";
@@ -32,65 +34,22 @@ pub mod types {
     pub const UNSUPPORTED_MEDIA_TYPE: &str =
         "https://idem-rs.github.io/idem/problems#unsupported-media-type";
     /// RFC 9457's default: the status code says it all.
-    pub const ABOUT_BLANK: &str = "about:blank";
+    pub const ABOUT_BLANK: &str = crate::problem::ABOUT_BLANK;
 }
 
-/// An RFC 9457 problem: `type`, `title`, `status` and a `detail` that tells
-/// the client what to do. Renders as `application/problem+json`.
+/// [`Problem`] renders as `application/problem+json`.
 ///
 /// ```
 /// use axum::response::IntoResponse;
-/// use idem_runtime::http::ProblemDetails;
+/// use idem_runtime::Problem;
 ///
-/// let response = ProblemDetails::new(422, "invalid amount")
+/// let response = Problem::new(422, "invalid amount")
 ///     .with_detail("amount_cents must be greater than zero")
 ///     .into_response();
 /// assert_eq!(response.status(), 422);
 /// assert_eq!(response.headers()["content-type"], "application/problem+json");
 /// ```
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ProblemDetails {
-    /// A URI naming the kind of problem.
-    #[serde(rename = "type")]
-    pub type_: String,
-    /// A short summary of the kind of problem.
-    pub title: String,
-    /// The HTTP status.
-    pub status: u16,
-    /// What happened this time, and what the client should do about it.
-    pub detail: String,
-}
-
-impl ProblemDetails {
-    /// A problem of type `about:blank` with an empty detail.
-    pub fn new(status: u16, title: impl Into<String>) -> Self {
-        Self {
-            type_: types::ABOUT_BLANK.to_owned(),
-            title: title.into(),
-            status,
-            detail: String::new(),
-        }
-    }
-
-    /// Sets the type URI.
-    pub fn with_type(mut self, type_: impl Into<String>) -> Self {
-        self.type_ = type_.into();
-        self
-    }
-
-    /// Sets the detail.
-    pub fn with_detail(mut self, detail: impl Into<String>) -> Self {
-        self.detail = detail.into();
-        self
-    }
-
-    /// The JSON body.
-    pub fn to_body(&self) -> Vec<u8> {
-        serde_json::to_vec(self).expect("a problem always serializes")
-    }
-}
-
-impl IntoResponse for ProblemDetails {
+impl IntoResponse for Problem {
     fn into_response(self) -> Response {
         let status = StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
         let mut response = (status, self.to_body()).into_response();
@@ -98,19 +57,6 @@ impl IntoResponse for ProblemDetails {
             .headers_mut()
             .insert(header::CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
         response
-    }
-}
-
-impl From<crate::Problem> for ProblemDetails {
-    fn from(problem: crate::Problem) -> Self {
-        Self::new(problem.status, problem.title).with_detail(problem.detail.unwrap_or_default())
-    }
-}
-
-/// The runtime's [`Problem`](crate::Problem) renders as problem details of type `about:blank`.
-impl IntoResponse for crate::Problem {
-    fn into_response(self) -> Response {
-        ProblemDetails::from(self).into_response()
     }
 }
 

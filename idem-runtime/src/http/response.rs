@@ -5,7 +5,7 @@ use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 
 use super::trace::{label, record_outcome};
-use crate::engine::{Completed, Via};
+use crate::engine::{Answer, Via};
 use crate::error::IdemError;
 use crate::outcome::StoredResponse;
 
@@ -60,16 +60,16 @@ pub async fn into_stored(response: Response) -> StoredResponse {
 /// outcome on the current span.
 ///
 /// ```
-/// use idem_runtime::{http, Completed, StoredResponse, Via};
+/// use idem_runtime::{http, Answer, StoredResponse, Via};
 ///
 /// let stored = StoredResponse { status: 201, content_type: "application/json".into(), body: b"{}".to_vec() };
-/// let replay = http::respond(Ok(Completed { value: stored, via: Via::Replayed }));
+/// let replay = http::respond(Ok(Answer { value: stored, via: Via::Replayed }));
 /// assert_eq!(replay.status(), 201);
 /// assert_eq!(replay.headers()["idempotent-replayed"], "true");
 /// ```
-pub fn respond(result: Result<Completed<StoredResponse>, IdemError>) -> Response {
+pub fn respond(result: Result<Answer<StoredResponse>, IdemError>) -> Response {
     match result {
-        Ok(Completed { value, via }) => {
+        Ok(Answer { value, via }) => {
             record_outcome(label(Ok(via)));
             let mut response = render(value);
             if via == Via::Replayed {
@@ -108,11 +108,11 @@ mod tests {
         )
             .into_response();
         let stored = into_stored(handler_answer).await;
-        let first = respond(Ok(Completed {
+        let first = respond(Ok(Answer {
             value: stored.clone(),
             via: Via::Executed,
         }));
-        let replay = respond(Ok(Completed {
+        let replay = respond(Ok(Answer {
             value: stored,
             via: Via::Replayed,
         }));

@@ -9,7 +9,7 @@ use crate::operation::Operation;
 /// Opens the span for one keyed request: `idem.request` with fields `scope`,
 /// `step`, `key` (the key's [`log_tag`](crate::IdempotencyKey::log_tag), never
 /// the raw key) and `outcome`, which [`respond`](super::respond) fills in with
-/// `executed`, `replayed`, `takeover`, `mismatch`, `in_progress`, `rejected`
+/// `executed`, `replayed`, `took_over`, `mismatch`, `in_progress`, `rejected`
 /// (or `failed_open`). Instrument the handler's future with it.
 ///
 /// ```
@@ -40,7 +40,7 @@ pub fn record_outcome(outcome: &'static str) {
 /// The outcome label of a result.
 pub(crate) fn label(result: Result<Via, &IdemError>) -> &'static str {
     match result {
-        Ok(via) => via.label(),
+        Ok(via) => via.as_str(),
         Err(IdemError::Mismatch) => "mismatch",
         Err(IdemError::InProgress { .. }) => "in_progress",
         Err(_) => "rejected",

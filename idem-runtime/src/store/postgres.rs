@@ -34,10 +34,10 @@ use sqlx::pool::PoolConnection;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgRow};
 use sqlx::{PgConnection, PgPool, Pool, Postgres, Row, Transaction};
 
-use super::{millis, response_from_columns, Backend, Locked, Record, RecordStatus};
+use super::{keyed, millis, response_from_columns, Locked, Record, RecordStatus, Store};
 use crate::operation::Operation;
 use crate::outcome::StoredResponse;
-use crate::policy::{KeyLock, Policy};
+use crate::policy::Policy;
 
 /// Ignores migrations it does not know, so an application can keep its own
 /// sqlx migrations in the same database.
@@ -156,7 +156,14 @@ const COMPLETE_CLAIM: &str =
        expires_at = now() + $7 * interval '1 millisecond' \
      WHERE scope = $1 AND key = $2 AND claim_token = $3 AND status = 'in_progress'";
 
-impl Backend for Postgres {
+impl Store for Postgres {
+    type Settings = KeyLock;
+    const SELECT_RECORD: &'static str = SELECT_RECORD;
+
+    fn record(row: &<Self as sqlx::Database>::Row) -> Result<Record, sqlx::Error> {
+        record(row)
+    }
+
     fn migrator() -> &'static sqlx::migrate::Migrator {
         &MIGRATOR
     }
@@ -195,12 +202,7 @@ impl Backend for Postgres {
         conn: &'a mut PgConnection,
         op: &'a Operation,
     ) -> Result<Option<Record>, sqlx::Error> {
-        let row = sqlx::query(SELECT_RECORD)
-            .bind(op.scope.as_stored())
-            .bind(op.key.as_str())
-            .fetch_optional(conn)
-            .await?;
-        row.as_ref().map(record).transpose()
+        super::lookup_unlocked::<Self>(conn, op).await
     }
 
     async fn write_completed<'a>(
@@ -210,13 +212,14 @@ impl Backend for Postgres {
         policy: &'a Policy,
         replace: bool,
     ) -> Result<(), sqlx::Error> {
-        sqlx::query(if replace {
-            UPSERT_COMPLETED
-        } else {
-            INSERT_COMPLETED
-        })
-        .bind(op.scope.as_stored())
-        .bind(op.key.as_str())
+        keyed(
+            if replace {
+                UPSERT_COMPLETED
+            } else {
+                INSERT_COMPLETED
+            },
+            op,
+        )
         .bind(op.step)
         .bind(&op.fingerprint.0[..])
         .bind(response.status as i16)
@@ -234,9 +237,7 @@ impl Backend for Postgres {
         token: i64,
         policy: &'a Policy,
     ) -> Result<(), sqlx::Error> {
-        sqlx::query(UPSERT_IN_PROGRESS)
-            .bind(op.scope.as_stored())
-            .bind(op.key.as_str())
+        keyed(UPSERT_IN_PROGRESS, op)
             .bind(op.step)
             .bind(&op.fingerprint.0[..])
             .bind(token)
@@ -247,16 +248,14 @@ impl Backend for Postgres {
         Ok(())
     }
 
-    async fn complete_claim<'a>(
+    async fn write_claimed<'a>(
         conn: &'a mut PgConnection,
         op: &'a Operation,
         token: i64,
         response: &'a StoredResponse,
         policy: &'a Policy,
     ) -> Result<bool, sqlx::Error> {
-        let done = sqlx::query(COMPLETE_CLAIM)
-            .bind(op.scope.as_stored())
-            .bind(op.key.as_str())
+        let done = keyed(COMPLETE_CLAIM, op)
             .bind(token)
             .bind(response.status as i16)
             .bind(&response.content_type)
@@ -272,9 +271,7 @@ impl Backend for Postgres {
         op: &'a Operation,
         token: i64,
     ) -> Result<(), sqlx::Error> {
-        sqlx::query("DELETE FROM idempotency_keys WHERE scope = $1 AND key = $2 AND claim_token = $3 AND status = 'in_progress'")
-            .bind(op.scope.as_stored())
-            .bind(op.key.as_str())
+        keyed("DELETE FROM idempotency_keys WHERE scope = $1 AND key = $2 AND claim_token = $3 AND status = 'in_progress'", op)
             .bind(token)
             .execute(pool)
             .await?;
@@ -335,9 +332,7 @@ async fn lock_row_and_read(
         .fetch_one(&mut *tx)
         .await?;
     loop {
-        let inserted = sqlx::query(INSERT_CLAIM_ROW)
-            .bind(op.scope.as_stored())
-            .bind(op.key.as_str())
+        let inserted = keyed(INSERT_CLAIM_ROW, op)
             .bind(op.step)
             .bind(&op.fingerprint.0[..])
             .bind(millis(policy.retention) as f64)
@@ -354,12 +349,7 @@ async fn lock_row_and_read(
         // The key has a committed record (the insert waited for its
         // writer): lock it, then lift the bound. A record purged in between
         // sends the claim back to the insert.
-        let Some(row) = sqlx::query(LOCK_RECORD)
-            .bind(op.scope.as_stored())
-            .bind(op.key.as_str())
-            .fetch_optional(&mut *tx)
-            .await?
-        else {
+        let Some(row) = keyed(LOCK_RECORD, op).fetch_optional(&mut *tx).await? else {
             continue;
         };
         sqlx::query(RESTORE_LOCK_WAIT)
@@ -374,7 +364,49 @@ async fn lock_row_and_read(
     }
 }
 
+/// How a Postgres claim holds its key against concurrent duplicates.
+///
+/// Every engine and step on one database must use the same kind: a claim of
+/// one kind does not wait for a claim of the other. A setting of
+/// `Engine<Postgres>` only: SQLite's write lock is database-wide.
+///
+/// ```
+/// use idem_runtime::{Engine, KeyLock};
+/// # async fn demo(pool: sqlx::PgPool) {
+/// // For a Postgres-compatible engine without advisory locks:
+/// let engine = Engine::new(pool).with_key_lock(KeyLock::Row);
+/// assert_eq!(engine.key_lock(), KeyLock::Row);
+/// # }
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum KeyLock {
+    /// A transaction-scoped advisory lock on a hash of `(scope, key)`, taken
+    /// with the record's read in one statement; the record is written once,
+    /// completed, just before the commit. The default, and the fastest.
+    #[default]
+    Advisory,
+    /// The key's own row: the claim inserts an `in_progress` row with plain
+    /// `INSERT … ON CONFLICT DO NOTHING` (a duplicate waits on the uncommitted
+    /// row, at most `wait_timeout`) or locks the existing one with `SELECT …
+    /// FOR UPDATE`, and the completion updates it. For Postgres-compatible
+    /// engines without advisory locks; it writes two tuple versions per key
+    /// and takes more statements.
+    Row,
+}
+
 impl crate::Engine<Postgres> {
+    /// Sets how claims hold their key ([`KeyLock::Advisory`] by default; see
+    /// [`KeyLock`] for when to choose [`KeyLock::Row`]).
+    pub fn with_key_lock(mut self, key_lock: KeyLock) -> Self {
+        self.settings = key_lock;
+        self
+    }
+
+    /// How claims hold their key.
+    pub fn key_lock(&self) -> KeyLock {
+        self.settings
+    }
+
     /// An engine on a Postgres URL with the default policy and a pool of 8 connections.
     ///
     /// ```no_run

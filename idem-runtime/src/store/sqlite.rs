@@ -1,9 +1,10 @@
 //! SQLite: the embedded default.
 //!
 //! Claims take the database's write lock up front (`BEGIN IMMEDIATE`) instead
-//! of upgrading a deferred transaction, and wait for it at most the connection's
-//! `busy_timeout`. Claims from one engine (and its clones) queue in process,
-//! first come first served, before asking for the lock, so they are not left
+//! of upgrading a deferred transaction, and wait for it at most the claim's
+//! `wait_timeout` (its `busy_timeout`). Claims from one engine (and its
+//! clones) queue in process, first come first served, before asking for the
+//! lock, so they are not left
 //! to the busy handler's sleeps (1, 2, 5 ... 100 ms): under 64 concurrent
 //! duplicates of one key that took 0.4-1.8 s per key; queued, it takes tens of
 //! milliseconds. Other processes still meet at `busy_timeout`. Replays and
@@ -20,10 +21,10 @@ use sqlx::sqlite::{
 };
 use sqlx::{Pool, Row, Sqlite, SqliteConnection, SqlitePool, Transaction};
 
-use super::{millis, response_from_columns, Backend, Locked, Record, RecordStatus};
+use super::{keyed, millis, response_from_columns, Locked, Record, RecordStatus, Store};
 use crate::operation::Operation;
 use crate::outcome::StoredResponse;
-use crate::policy::{KeyLock, Policy};
+use crate::policy::Policy;
 
 /// Ignores migrations it does not know, so an application can keep its own
 /// sqlx migrations in the same database.
@@ -141,8 +142,15 @@ const COMPLETE_CLAIM: &str = "UPDATE idempotency_keys SET status = 'completed', 
        response_content_type = ?5, response_body = ?6, claim_token = NULL, locked_until = ?7, expires_at = ?8 \
      WHERE scope = ?1 AND key = ?2 AND claim_token = ?3 AND status = 'in_progress'";
 
-impl Backend for Sqlite {
+impl Store for Sqlite {
     const SERIALIZE_WRITERS: bool = true;
+
+    type Settings = ();
+    const SELECT_RECORD: &'static str = SELECT_RECORD;
+
+    fn record(row: &<Self as sqlx::Database>::Row) -> Result<Record, sqlx::Error> {
+        record(row)
+    }
 
     fn migrator() -> &'static sqlx::migrate::Migrator {
         &MIGRATOR
@@ -151,19 +159,22 @@ impl Backend for Sqlite {
     async fn lock_and_read<'a>(
         conn: PoolConnection<Self>,
         op: &'a Operation,
-        _policy: &'a Policy,
-        _key_lock: KeyLock,
+        policy: &'a Policy,
+        (): (),
     ) -> Result<Locked<Self>, sqlx::Error> {
         // The write lock up front: a deferred transaction that upgrades later
-        // can fail with SQLITE_BUSY_SNAPSHOT instead of waiting.
+        // can fail with SQLITE_BUSY_SNAPSHOT instead of waiting. The wait is
+        // bounded by this claim's own policy, set in the same call as the
+        // `BEGIN` (SQLite runs both statements at once), so an engine's later
+        // `with_policy` or an operation's override applies without a round trip.
         // sqlx's constructor for a transaction on a connection already taken
         // from the pool (public, hidden from its docs; what `Pool::begin` calls).
-        let mut tx = Transaction::begin(conn, Some("BEGIN IMMEDIATE".into())).await?;
-        let row = sqlx::query(SELECT_RECORD)
-            .bind(op.scope.as_stored())
-            .bind(op.key.as_str())
-            .fetch_optional(&mut *tx)
-            .await?;
+        let begin = format!(
+            "PRAGMA busy_timeout = {}; BEGIN IMMEDIATE",
+            millis(policy.wait_timeout).clamp(1, i64::from(i32::MAX))
+        );
+        let mut tx = Transaction::begin(conn, Some(begin.into())).await?;
+        let row = keyed(SELECT_RECORD, op).fetch_optional(&mut *tx).await?;
         let record = row.as_ref().map(record).transpose()?;
         Ok(Locked {
             tx,
@@ -176,12 +187,7 @@ impl Backend for Sqlite {
         conn: &'a mut SqliteConnection,
         op: &'a Operation,
     ) -> Result<Option<Record>, sqlx::Error> {
-        let row = sqlx::query(SELECT_RECORD)
-            .bind(op.scope.as_stored())
-            .bind(op.key.as_str())
-            .fetch_optional(conn)
-            .await?;
-        row.as_ref().map(record).transpose()
+        super::lookup_unlocked::<Self>(conn, op).await
     }
 
     async fn write_completed<'a>(
@@ -192,13 +198,14 @@ impl Backend for Sqlite {
         replace: bool,
     ) -> Result<(), sqlx::Error> {
         let now = now_ms();
-        sqlx::query(if replace {
-            UPSERT_COMPLETED
-        } else {
-            INSERT_COMPLETED
-        })
-        .bind(op.scope.as_stored())
-        .bind(op.key.as_str())
+        keyed(
+            if replace {
+                UPSERT_COMPLETED
+            } else {
+                INSERT_COMPLETED
+            },
+            op,
+        )
         .bind(op.step)
         .bind(&op.fingerprint.0[..])
         .bind(i64::from(response.status))
@@ -218,9 +225,7 @@ impl Backend for Sqlite {
         policy: &'a Policy,
     ) -> Result<(), sqlx::Error> {
         let now = now_ms();
-        sqlx::query(UPSERT_IN_PROGRESS)
-            .bind(op.scope.as_stored())
-            .bind(op.key.as_str())
+        keyed(UPSERT_IN_PROGRESS, op)
             .bind(op.step)
             .bind(&op.fingerprint.0[..])
             .bind(token)
@@ -232,7 +237,7 @@ impl Backend for Sqlite {
         Ok(())
     }
 
-    async fn complete_claim<'a>(
+    async fn write_claimed<'a>(
         conn: &'a mut SqliteConnection,
         op: &'a Operation,
         token: i64,
@@ -240,9 +245,7 @@ impl Backend for Sqlite {
         policy: &'a Policy,
     ) -> Result<bool, sqlx::Error> {
         let now = now_ms();
-        let done = sqlx::query(COMPLETE_CLAIM)
-            .bind(op.scope.as_stored())
-            .bind(op.key.as_str())
+        let done = keyed(COMPLETE_CLAIM, op)
             .bind(token)
             .bind(i64::from(response.status))
             .bind(&response.content_type)
@@ -259,9 +262,7 @@ impl Backend for Sqlite {
         op: &'a Operation,
         token: i64,
     ) -> Result<(), sqlx::Error> {
-        sqlx::query("DELETE FROM idempotency_keys WHERE scope = ?1 AND key = ?2 AND claim_token = ?3 AND status = 'in_progress'")
-            .bind(op.scope.as_stored())
-            .bind(op.key.as_str())
+        keyed("DELETE FROM idempotency_keys WHERE scope = ?1 AND key = ?2 AND claim_token = ?3 AND status = 'in_progress'", op)
             .bind(token)
             .execute(pool)
             .await?;
@@ -316,5 +317,58 @@ impl crate::Engine<Sqlite> {
     /// ```
     pub async fn open_sqlite(path: impl AsRef<Path>) -> Result<Self, sqlx::Error> {
         Ok(Self::new(open(path, &Policy::default(), 8).await?))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+    use crate::{Claim, Engine, IdemError, IdempotencyKey, Operation, Policy, Scope};
+
+    /// An engine opened with the default policy, then given a shorter
+    /// `wait_timeout`, waits that long for another writer's lock, not the
+    /// default's 5 s.
+    #[tokio::test]
+    async fn a_later_policy_bounds_the_wait_for_the_write_lock() {
+        let nanos = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_nanos();
+        let dir = std::env::temp_dir().join(format!("idem-busy-{}-{nanos}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("idem.db");
+        let engine = Engine::<sqlx::Sqlite>::open_sqlite(&path)
+            .await
+            .unwrap()
+            .with_policy(Policy::default().with_wait_timeout(Duration::from_millis(200)));
+        engine.migrate().await.unwrap();
+        // Another process's writer: its own pool, holding the write lock.
+        let other = super::open(&path, &Policy::default(), 1).await.unwrap();
+        let mut holder = other.acquire().await.unwrap();
+        sqlx::query("BEGIN IMMEDIATE")
+            .execute(&mut *holder)
+            .await
+            .unwrap();
+        let op = Operation::new(
+            Scope::tenant("acme"),
+            IdempotencyKey::new("k-busy").unwrap(),
+            "charge.v1",
+            &1i64,
+        );
+        let started = Instant::now();
+        match engine.claim(&op).await {
+            Err(IdemError::InProgress { .. }) => {}
+            Err(other) => panic!("expected in-progress, got {other:?}"),
+            Ok(Claim::Execute(_)) => panic!("claimed while another writer holds the lock"),
+            Ok(Claim::Replay(_)) => panic!("replayed a key never stored"),
+        }
+        let waited = started.elapsed();
+        assert!(waited < Duration::from_secs(2), "waited {waited:?}");
+        sqlx::query("ROLLBACK").execute(&mut *holder).await.unwrap();
+        drop(holder);
+        other.close().await;
+        engine.pool().close().await;
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

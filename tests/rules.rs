@@ -1,0 +1,63 @@
+//! The macros' compile-time copies of runtime rules (`idem-macros/src/rules.rs`)
+//! agree with the runtime.
+
+#[path = "../idem-macros/src/rules.rs"]
+#[allow(dead_code)]
+mod rules;
+
+#[test]
+fn step_names_follow_the_runtime_rule() {
+    for name in [
+        "charge-card.v1",
+        "a.v1",
+        "x9.v12",
+        "a-b-c.v100",
+        "",
+        "charge",
+        "charge.v",
+        "charge.v0",
+        "charge.v01",
+        "charge.v1a",
+        "Charge.v1",
+        "charge_card.v1",
+        ".v1",
+        "1a.v1",
+        "-a.v1",
+        "a.v1.v2",
+        "a.b.v1",
+        "é.v1",
+    ] {
+        assert_eq!(
+            rules::check_step_name(name).is_ok(),
+            idem::check_step_name(name).is_ok(),
+            "{name:?}"
+        );
+    }
+}
+
+#[test]
+fn labels_are_the_runtime_labels() {
+    for name in [
+        "",
+        "amount",
+        "currency",
+        "glbvs",
+        "yacxa",
+        "r#type",
+        "a_long_field_name_1",
+    ] {
+        assert_eq!(rules::label(name), idem::Label::new(name).get(), "{name:?}");
+    }
+}
+
+#[test]
+fn durations_are_whole_units() {
+    assert_eq!(rules::parse_millis("500ms"), Some(500));
+    assert_eq!(rules::parse_millis("30s"), Some(30_000));
+    assert_eq!(rules::parse_millis("15m"), Some(900_000));
+    assert_eq!(rules::parse_millis("24h"), Some(86_400_000));
+    assert_eq!(rules::parse_millis("7d"), Some(604_800_000));
+    for bad in ["", "5", "soon", "1.5s", "-1s", "99999999999999999999d"] {
+        assert_eq!(rules::parse_millis(bad), None, "{bad:?}");
+    }
+}
