@@ -166,17 +166,7 @@ async fn process_abort_after_commit_then_retry_replays<DB: TestBackend>(
     harness: impl AsyncFn(Policy) -> Harness<DB>,
 ) {
     let h = harness(Policy::default()).await;
-    let status = h.run_child("after-commit", "acme", "abort-after-commit", 900);
-    assert!(
-        !status.success(),
-        "the child must die by abort, got {status:?}"
-    );
-    assert_eq!(h.payments().await, 1, "the child's commit is durable");
-    let retry = charge(&h, &operation("acme", "abort-after-commit", 900), 900)
-        .await
-        .unwrap();
-    assert_eq!((retry.via, retry.value), (Via::Replayed, Ok(900)));
-    assert_eq!(h.payments().await, 1);
+    abort_in_child_then_retry(&h, "after-commit", 900, 1, Via::Replayed).await;
 }
 
 /// A crash between the business write and the commit leaves nothing:
@@ -185,16 +175,33 @@ async fn process_abort_before_commit_then_retry_executes<DB: TestBackend>(
     harness: impl AsyncFn(Policy) -> Harness<DB>,
 ) {
     let h = harness(Policy::default()).await;
-    let status = h.run_child("before-commit", "acme", "abort-before-commit", 300);
+    abort_in_child_then_retry(&h, "before-commit", 300, 0, Via::Executed).await;
+}
+
+/// A child process charges `amount` under key `abort-<mode>` and aborts at
+/// `mode`, leaving `left` payments; the retry answers `via`, one effect in the end.
+async fn abort_in_child_then_retry<DB: TestBackend>(
+    h: &Harness<DB>,
+    mode: &str,
+    amount: i64,
+    left: i64,
+    via: Via,
+) {
+    let key = format!("abort-{mode}");
+    let status = h.run_child(mode, "acme", &key, amount);
     assert!(
         !status.success(),
         "the child must die by abort, got {status:?}"
     );
-    assert_eq!(h.payments().await, 0, "uncommitted work is gone");
-    let retry = charge(&h, &operation("acme", "abort-before-commit", 300), 300)
+    assert_eq!(
+        h.payments().await,
+        left,
+        "after-commit work is durable, uncommitted work is gone"
+    );
+    let retry = charge(h, &operation("acme", &key, amount), amount)
         .await
         .unwrap();
-    assert_eq!((retry.via, retry.value), (Via::Executed, Ok(300)));
+    assert_eq!((retry.via, retry.value), (via, Ok(amount)));
     assert_eq!(h.payments().await, 1);
 }
 
