@@ -14,33 +14,11 @@ use std::time::Duration;
 use client::{HttpClient, Reply};
 use idem::policy::ClaimMode;
 use idem::{Backend, Claim, ClaimGuard, Engine, IdempotencyKey, Operation, Policy, Scope};
+use idem_runtime::test_support::TestDb;
 use payments::{Config, PaymentRequest, Store, CREATE_PAYMENT};
 use serde_json::{json, Value};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
-
-/// A database for one test, and what keeps it alive.
-struct Db {
-    url: String,
-    _dir: Option<tempfile::TempDir>,
-}
-
-async fn sqlite() -> Db {
-    let (dir, path) = idem_runtime::test_support::sqlite_file();
-    Db {
-        url: path.display().to_string(),
-        _dir: Some(dir),
-    }
-}
-
-async fn postgres() -> Db {
-    Db {
-        url: idem_runtime::test_support::postgres()
-            .fresh_database()
-            .await,
-        _dir: None,
-    }
-}
 
 /// The payments router served in-process on an ephemeral loopback port.
 struct Service {
@@ -54,8 +32,8 @@ fn test_policy() -> Policy {
     Policy::default().with_wait_timeout(Duration::from_secs(3))
 }
 
-async fn serve(db: &Db, config: Config) -> Service {
-    let store = Store::open_with(Some(&db.url), test_policy())
+async fn serve(db: &TestDb, config: Config) -> Service {
+    let store = Store::open_with(Some(db.url()), test_policy())
         .await
         .expect("open store");
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
@@ -166,7 +144,7 @@ async fn hold_claim<DB: Backend>(
     }
 }
 
-async fn state_table(db: Db) {
+async fn state_table(db: TestDb) {
     let svc = serve(&db, Config::default()).await;
 
     // nothing → execute: 201 with the payment.
@@ -256,7 +234,7 @@ enum Held {
     Postgres(ClaimGuard<sqlx::Postgres>),
 }
 
-async fn keys_and_bodies(db: Db) {
+async fn keys_and_bodies(db: TestDb) {
     let svc = serve(
         &db,
         Config {
@@ -345,7 +323,7 @@ async fn keys_and_bodies(db: Db) {
     assert_eq!(svc.raw(&headers, &valid).await.status, 201);
 }
 
-async fn cross_tenant(db: Db) {
+async fn cross_tenant(db: TestDb) {
     let svc = serve(&db, Config::default()).await;
     let a = svc.pay("tenant-a", "shared-key", &body(1000)).await;
     assert_eq!(a.status, 201);
@@ -364,7 +342,7 @@ async fn cross_tenant(db: Db) {
     assert_eq!(svc.count("tenant-a").await, 1);
 }
 
-async fn concurrent_duplicates(db: Db) {
+async fn concurrent_duplicates(db: TestDb) {
     let svc = serve(&db, Config::default()).await;
     let svc = std::sync::Arc::new(svc);
     let attempts = (0..64).map(|_| {
@@ -439,7 +417,7 @@ async fn start_process(url: &str) -> Process {
     Process { child, base }
 }
 
-async fn crash_points(db: Db) {
+async fn crash_points(db: TestDb) {
     let http = HttpClient::new();
     for (n, point) in ["after-claim", "after-business-write", "after-commit"]
         .into_iter()
@@ -447,7 +425,7 @@ async fn crash_points(db: Db) {
     {
         let key = format!("k-crash-{n}");
         let tenant = "acme";
-        let mut process = start_process(&db.url).await;
+        let mut process = start_process(db.url()).await;
         let url = format!("{}/payments", process.base);
         let headers = [
             ("idempotency-key", key.as_str()),
@@ -466,7 +444,7 @@ async fn crash_points(db: Db) {
         assert!(!status.success(), "{point}: aborted");
 
         // Restart and retry without the fault: exactly one payment, a consistent answer.
-        let process = start_process(&db.url).await;
+        let process = start_process(db.url()).await;
         let url = format!("{}/payments", process.base);
         let headers = [("idempotency-key", key.as_str()), ("x-tenant-id", tenant)];
         let retry = http.post_json(&url, &headers, &body(5000)).await.unwrap();
@@ -497,9 +475,9 @@ async fn crash_points(db: Db) {
 
 /// A store holding live keys for a step this build no longer declares (a
 /// rename inside the retry window): the service refuses to start, and says why.
-async fn refuses_to_start_with_undeclared_live_steps(db: Db) {
+async fn refuses_to_start_with_undeclared_live_steps(db: TestDb) {
     // The store as a previous version of the service left it.
-    let store = Store::open(Some(&db.url)).await.expect("open store");
+    let store = Store::open(Some(db.url())).await.expect("open store");
     let request: PaymentRequest = serde_json::from_value(body(100)).unwrap();
     let op = Operation::new(
         Scope::tenant("acme"),
@@ -516,7 +494,7 @@ async fn refuses_to_start_with_undeclared_live_steps(db: Db) {
     drop(store);
 
     let output = Command::new(example_binary())
-        .args(["--listen", "127.0.0.1:0", "--database-url", &db.url])
+        .args(["--listen", "127.0.0.1:0", "--database-url", db.url()])
         .stdin(Stdio::null())
         .kill_on_drop(true)
         .output();
@@ -540,36 +518,40 @@ async fn refuses_to_start_with_undeclared_live_steps(db: Db) {
     }
 }
 
+/// Each test body once per store.
 macro_rules! on_backend {
-    ($backend:ident) => {
+    ($backend:ident, $db:expr) => {
         mod $backend {
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn state_table() {
-                super::state_table(super::$backend().await).await
+                super::state_table($db).await
             }
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn keys_and_bodies() {
-                super::keys_and_bodies(super::$backend().await).await
+                super::keys_and_bodies($db).await
             }
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn cross_tenant() {
-                super::cross_tenant(super::$backend().await).await
+                super::cross_tenant($db).await
             }
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn concurrent_duplicates() {
-                super::concurrent_duplicates(super::$backend().await).await
+                super::concurrent_duplicates($db).await
             }
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn crash_points() {
-                super::crash_points(super::$backend().await).await
+                super::crash_points($db).await
             }
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn refuses_to_start_with_undeclared_live_steps() {
-                super::refuses_to_start_with_undeclared_live_steps(super::$backend().await).await
+                super::refuses_to_start_with_undeclared_live_steps($db).await
             }
         }
     };
 }
 
-on_backend!(sqlite);
-on_backend!(postgres);
+on_backend!(sqlite, idem_runtime::test_support::TestDb::sqlite());
+on_backend!(
+    postgres,
+    idem_runtime::test_support::TestDb::postgres().await
+);

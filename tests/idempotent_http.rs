@@ -3,13 +3,18 @@
 //! byte-identical replay, 422 on a changed body, 400 without a key, and a 5xx
 //! that is not stored so the retry executes.
 
+mod support;
+
 use axum::body::{to_bytes, Body};
+use axum::extract::Path;
 use axum::http::{header, HeaderMap, Request, StatusCode};
+use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::Router;
 use idem::http::Json;
-use idem::{idempotent, Fingerprint, IdempotencyKey};
+use idem::{idempotent, Engine, Fingerprint, IdempotencyKey, Policy};
 use serde::Deserialize;
+use support::{Harness, TestBackend};
 use tower::ServiceExt;
 
 idem::steps! {
@@ -72,124 +77,106 @@ async fn send(app: &Router, key: Option<&str>, body: &str) -> Reply {
     }
 }
 
-/// The same handler and tests for each backend, from one template.
-macro_rules! backend {
-    ($module:ident, $conn:ty, $db:ty, $engine:expr) => {
-        mod $module {
-            use super::*;
-            use axum::extract::Path;
-            use axum::response::{IntoResponse, Response};
-            use idem::sqlx::{self, Executor};
-
-            type Engine = idem::Engine<$db>;
-
-            #[idempotent(http, scope = "tenant", step = CREATE_ORDER)]
-            async fn create_order(
-                tx: &mut $conn,
-                Path(tenant): Path<String>,
-                key: IdempotencyKey,
-                #[fingerprint] Json(order): Json<NewOrder>,
-            ) -> Response {
-                tx.execute(format!("INSERT INTO orders (tenant, sku) VALUES ('{tenant}', '{}')", order.sku).as_str())
-                    .await
-                    .unwrap();
-                if order.fail {
-                    // Written, then a transient failure: must roll back, not be stored.
-                    return (StatusCode::SERVICE_UNAVAILABLE, "try again").into_response();
-                }
-                let body = serde_json::json!({ "tenant": tenant, "sku": order.sku, "nonce": nonce() });
-                (StatusCode::CREATED, axum::Json(body)).into_response()
-            }
-
-            async fn app() -> (Router, Engine) {
-                let engine: Engine = $engine;
-                engine.migrate().await.unwrap();
-                engine
-                    .pool()
-                    .execute("CREATE TABLE orders (tenant TEXT NOT NULL, sku TEXT NOT NULL)")
-                    .await
-                    .unwrap();
-                let app = Router::new()
-                    .route("/{tenant}/orders", post(create_order))
-                    .with_state(engine.clone());
-                (app, engine)
-            }
-
-            async fn orders(engine: &Engine) -> i64 {
-                sqlx::query_scalar("SELECT COUNT(*) FROM orders")
-                    .fetch_one(engine.pool())
-                    .await
-                    .unwrap()
-            }
-
-            #[tokio::test]
-            async fn executes_once_replays_refuses_a_changed_body_and_a_missing_key() {
-                let (app, engine) = app().await;
-
-                let first = send(&app, Some("\"order-1\""), r#"{"sku":"tea"}"#).await;
-                assert_eq!(first.status, StatusCode::CREATED);
-                assert!(!first.replayed());
-                assert_eq!(first.content_type(), "application/json");
-                let body: serde_json::Value = serde_json::from_slice(&first.body).unwrap();
-                assert_eq!(body["tenant"], "acme");
-                assert_eq!(body["sku"], "tea");
-
-                // The retry (here in the bare form Stripe clients send) replays
-                // the stored answer byte for byte: the nonce does not change.
-                let retry = send(&app, Some("order-1"), r#"{"sku":"tea"}"#).await;
-                assert_eq!(retry.status, StatusCode::CREATED);
-                assert!(retry.replayed());
-                assert_eq!(retry.content_type(), "application/json");
-                assert_eq!(retry.body, first.body);
-
-                let changed = send(&app, Some("\"order-1\""), r#"{"sku":"coffee"}"#).await;
-                assert_eq!(changed.status, StatusCode::UNPROCESSABLE_ENTITY);
-                assert_eq!(changed.content_type(), "application/problem+json");
-                assert!(!changed.replayed());
-
-                let keyless = send(&app, None, r#"{"sku":"tea"}"#).await;
-                assert_eq!(keyless.status, StatusCode::BAD_REQUEST);
-                assert_eq!(keyless.content_type(), "application/problem+json");
-
-                assert_eq!(orders(&engine).await, 1);
-            }
-
-            #[tokio::test]
-            async fn a_server_error_is_not_stored_and_the_retry_executes() {
-                let (app, engine) = app().await;
-
-                let failed = send(&app, Some("\"order-2\""), r#"{"sku":"tea","fail":true}"#).await;
-                assert_eq!(failed.status, StatusCode::SERVICE_UNAVAILABLE);
-                assert!(!failed.replayed());
-                assert_eq!(orders(&engine).await, 0, "the 5xx rolled its write back");
-
-                let retry = send(&app, Some("\"order-2\""), r#"{"sku":"tea"}"#).await;
-                assert_eq!(retry.status, StatusCode::CREATED);
-                assert!(!retry.replayed(), "nothing was stored for the 5xx, so the retry runs");
-
-                let again = send(&app, Some("\"order-2\""), r#"{"sku":"tea"}"#).await;
-                assert!(again.replayed());
-                assert_eq!(again.body, retry.body);
-
-                assert_eq!(orders(&engine).await, 1);
-            }
-        }
-    };
+support::on_each_store! {
+    stores: sqlite, postgres;
+    #[tokio::test]
+    executes_once_replays_refuses_a_changed_body_and_a_missing_key,
+    #[tokio::test]
+    a_server_error_is_not_stored_and_the_retry_executes,
 }
 
-backend!(sqlite, idem::sqlx::SqliteConnection, idem::sqlx::Sqlite, {
-    let (dir, path) = idem_runtime::test_support::sqlite_file();
-    std::mem::forget(dir); // keep the file for the test's life
-    idem::Engine::<idem::sqlx::Sqlite>::open_sqlite(path)
-        .await
-        .unwrap()
-});
+#[idempotent(http, scope = "tenant", step = CREATE_ORDER)]
+async fn create_order<DB: TestBackend>(
+    tx: &mut DB::Connection,
+    Path(tenant): Path<String>,
+    key: IdempotencyKey,
+    #[fingerprint] Json(order): Json<NewOrder>,
+) -> Response {
+    let sql = format!(
+        "INSERT INTO orders (tenant, sku) VALUES ('{tenant}', '{}')",
+        order.sku
+    );
+    DB::execute_on(tx, &sql).await.unwrap();
+    if order.fail {
+        // Written, then a transient failure: must roll back, not be stored.
+        return (StatusCode::SERVICE_UNAVAILABLE, "try again").into_response();
+    }
+    let body = serde_json::json!({ "tenant": tenant, "sku": order.sku, "nonce": nonce() });
+    (StatusCode::CREATED, axum::Json(body)).into_response()
+}
 
-backend!(postgres, idem::sqlx::PgConnection, idem::sqlx::Postgres, {
-    let url = idem_runtime::test_support::postgres()
-        .fresh_database()
-        .await;
-    idem::Engine::<idem::sqlx::Postgres>::connect_postgres(&url)
-        .await
-        .unwrap()
-});
+/// The handler mounted on the store's engine, with the `orders` table.
+async fn app<DB: TestBackend>(store: &Harness<DB>) -> (Router, &Engine<DB>) {
+    DB::execute(
+        store.engine.pool(),
+        "CREATE TABLE orders (tenant TEXT NOT NULL, sku TEXT NOT NULL)",
+    )
+    .await;
+    let app = Router::new()
+        .route("/{tenant}/orders", post(create_order::<DB>))
+        .with_state(store.engine.clone());
+    (app, &store.engine)
+}
+
+async fn orders<DB: TestBackend>(engine: &Engine<DB>) -> i64 {
+    DB::count(engine.pool(), "SELECT COUNT(*) FROM orders").await
+}
+
+async fn executes_once_replays_refuses_a_changed_body_and_a_missing_key<DB: TestBackend>(
+    harness: impl AsyncFn(Policy) -> Harness<DB>,
+) {
+    let store = harness(Policy::default()).await;
+    let (app, engine) = app(&store).await;
+
+    let first = send(&app, Some("\"order-1\""), r#"{"sku":"tea"}"#).await;
+    assert_eq!(first.status, StatusCode::CREATED);
+    assert!(!first.replayed());
+    assert_eq!(first.content_type(), "application/json");
+    let body: serde_json::Value = serde_json::from_slice(&first.body).unwrap();
+    assert_eq!(body["tenant"], "acme");
+    assert_eq!(body["sku"], "tea");
+
+    // The retry (here in the bare form Stripe clients send) replays
+    // the stored answer byte for byte: the nonce does not change.
+    let retry = send(&app, Some("order-1"), r#"{"sku":"tea"}"#).await;
+    assert_eq!(retry.status, StatusCode::CREATED);
+    assert!(retry.replayed());
+    assert_eq!(retry.content_type(), "application/json");
+    assert_eq!(retry.body, first.body);
+
+    let changed = send(&app, Some("\"order-1\""), r#"{"sku":"coffee"}"#).await;
+    assert_eq!(changed.status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(changed.content_type(), "application/problem+json");
+    assert!(!changed.replayed());
+
+    let keyless = send(&app, None, r#"{"sku":"tea"}"#).await;
+    assert_eq!(keyless.status, StatusCode::BAD_REQUEST);
+    assert_eq!(keyless.content_type(), "application/problem+json");
+
+    assert_eq!(orders(engine).await, 1);
+}
+
+async fn a_server_error_is_not_stored_and_the_retry_executes<DB: TestBackend>(
+    harness: impl AsyncFn(Policy) -> Harness<DB>,
+) {
+    let store = harness(Policy::default()).await;
+    let (app, engine) = app(&store).await;
+
+    let failed = send(&app, Some("\"order-2\""), r#"{"sku":"tea","fail":true}"#).await;
+    assert_eq!(failed.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert!(!failed.replayed());
+    assert_eq!(orders(engine).await, 0, "the 5xx rolled its write back");
+
+    let retry = send(&app, Some("\"order-2\""), r#"{"sku":"tea"}"#).await;
+    assert_eq!(retry.status, StatusCode::CREATED);
+    assert!(
+        !retry.replayed(),
+        "nothing was stored for the 5xx, so the retry runs"
+    );
+
+    let again = send(&app, Some("\"order-2\""), r#"{"sku":"tea"}"#).await;
+    assert!(again.replayed());
+    assert_eq!(again.body, retry.body);
+
+    assert_eq!(orders(engine).await, 1);
+}

@@ -8,7 +8,7 @@ use serde::Serialize;
 
 use crate::measure::{drive, median};
 use crate::pg::Pg;
-use crate::target::{Target, TENANT};
+use crate::target::{BenchError, Target, TENANT};
 use crate::throughput::{self, Scenario};
 
 /// Throughput at one table size.
@@ -77,7 +77,7 @@ async fn fill(
     from: u64,
     to: u64,
     expires_in_secs: f64,
-) -> Result<(), String> {
+) -> Result<(), BenchError> {
     let chunk = 1_000_000;
     let mut start = from;
     while start < to {
@@ -110,7 +110,7 @@ async fn point(
     ops: u64,
     rounds: usize,
     run_id: &str,
-) -> Result<GrowthPoint, String> {
+) -> Result<GrowthPoint, BenchError> {
     let target: Arc<dyn Target> = Arc::new(pg.clone());
     let cells = throughput::run(
         target,
@@ -154,7 +154,7 @@ pub async fn run(
     plan: &GrowthPlan,
     rounds: usize,
     run_id: &str,
-) -> Result<GrowthResult, String> {
+) -> Result<GrowthResult, BenchError> {
     let GrowthPlan {
         sizes,
         purge_rows,
@@ -184,7 +184,7 @@ pub async fn run(
         let t: Arc<dyn Target> = Arc::new(pg.clone());
         crate::measure::op(move |i| {
             let fut = t.idem(format!("{tag}-{i}"), TENANT.to_string());
-            async move { fut.await.map(|_| ()).map_err(|e| e.to_string()) }
+            async move { fut.await.map(|_| ()).map_err(Into::into) }
         })
     };
     // Rounds without and with the purger alternate, so both kinds see the
@@ -208,10 +208,10 @@ pub async fn run(
             purger.abort();
         }
         match purger.await {
-            Ok(Err(e)) => return Err(format!("purge_expired: {e}")),
+            Ok(Err(e)) => return Err(format!("purge_expired: {e}").into()),
             Ok(Ok(_)) => {}
             Err(e) if e.is_cancelled() => {}
-            Err(e) => return Err(e.to_string()),
+            Err(e) => return Err(e.into()),
         }
         purging += started.elapsed();
         // A round the purge finished within ran partly without it.
@@ -223,8 +223,7 @@ pub async fn run(
     let left: i64 =
         sqlx::query_scalar("SELECT count(*) FROM idempotency_keys WHERE scope = 'tenant:expired'")
             .fetch_one(&pg.pool)
-            .await
-            .map_err(|e| e.to_string())?;
+            .await?;
     let purged = purge_rows.saturating_sub(left as u64);
     let secs = purging.as_secs_f64();
     Ok(GrowthResult {

@@ -4,11 +4,11 @@ use std::path::Path;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use idem_runtime::store::sqlite::open;
-use idem_runtime::{Engine, IdemError, IdempotencyKey, Operation, Policy, Problem, Scope, Via};
+use idem_runtime::{Engine, IdemError, Policy, Problem, Via};
 use sqlx::{Sqlite, SqlitePool};
 
-use crate::pg::user_hash;
-use crate::target::{BoxFut, Target, REQUEST, STEP, TENANT};
+use crate::charge::{keyed, through_macro, user_hash, Business, CHARGE_CARD, REQUEST};
+use crate::target::{BenchError, BoxFut, Target, TENANT};
 
 const BUSINESS: &str =
     "INSERT INTO payments (tenant_id, amount_cents, currency) VALUES (?1, ?2, ?3) RETURNING id";
@@ -56,7 +56,7 @@ pub struct Lite {
 
 impl Lite {
     /// Opens (creating) the file at `path` with `connections`, migrates it.
-    pub async fn setup(path: &Path, connections: u32) -> Result<Self, String> {
+    pub async fn setup(path: &Path, connections: u32) -> Result<Self, BenchError> {
         let pool = open(path, &Policy::default(), connections)
             .await
             .map_err(|e| format!("open: {e}"))?;
@@ -73,16 +73,13 @@ impl Lite {
         }
         let version: String = sqlx::query_scalar("SELECT sqlite_version()")
             .fetch_one(&pool)
-            .await
-            .map_err(|e| e.to_string())?;
+            .await?;
         let journal: String = sqlx::query_scalar("PRAGMA journal_mode")
             .fetch_one(&pool)
-            .await
-            .map_err(|e| e.to_string())?;
+            .await?;
         let synchronous: i64 = sqlx::query_scalar("PRAGMA synchronous")
             .fetch_one(&pool)
-            .await
-            .map_err(|e| e.to_string())?;
+            .await?;
         let synchronous = match synchronous {
             0 => "OFF",
             1 => "NORMAL",
@@ -108,31 +105,15 @@ impl Lite {
     }
 }
 
-/// The business insert, for an engine closure.
-pub async fn business(conn: &mut sqlx::SqliteConnection, tenant: &str) -> Result<i64, Problem> {
-    let id = sqlx::query_scalar(BUSINESS)
-        .bind(tenant)
-        .bind(REQUEST.0)
-        .bind(REQUEST.1)
-        .fetch_one(conn)
-        .await?;
-    Ok(id)
-}
-
-/// One keyed operation through the engine.
-pub async fn keyed(engine: &Engine<Sqlite>, key: String, tenant: String) -> Result<Via, IdemError> {
-    let op = Operation::new(
-        Scope::tenant(TENANT),
-        IdempotencyKey::new(key).expect("valid key"),
-        STEP,
-        &crate::handler::Charge::new(),
-    );
-    let done = engine
-        .run(&op, async move |tx| business(tx, &tenant).await)
-        .await?;
-    match done.value {
-        Ok(_) => Ok(done.via),
-        Err(problem) => panic!("business insert failed: {problem}"),
+impl Business for Sqlite {
+    async fn business(conn: &mut sqlx::SqliteConnection, tenant: &str) -> Result<i64, Problem> {
+        let id = sqlx::query_scalar(BUSINESS)
+            .bind(tenant)
+            .bind(REQUEST.0)
+            .bind(REQUEST.1)
+            .fetch_one(conn)
+            .await?;
+        Ok(id)
     }
 }
 
@@ -149,22 +130,21 @@ impl Target for Lite {
         self.settings.clone()
     }
 
-    fn unprotected(&self) -> BoxFut<Result<(), String>> {
+    fn unprotected(&self) -> BoxFut<Result<(), BenchError>> {
         let pool = self.pool.clone();
         Box::pin(async move {
-            let mut tx = pool.begin().await.map_err(|e| e.to_string())?;
+            let mut tx = pool.begin().await?;
             let _: i64 = sqlx::query_scalar(BUSINESS)
                 .bind(TENANT)
                 .bind(REQUEST.0)
                 .bind(REQUEST.1)
                 .fetch_one(&mut *tx)
-                .await
-                .map_err(|e| e.to_string())?;
-            tx.commit().await.map_err(|e| e.to_string())
+                .await?;
+            Ok(tx.commit().await?)
         })
     }
 
-    fn same_writes(&self, key: String) -> BoxFut<Result<(), String>> {
+    fn same_writes(&self, key: String) -> BoxFut<Result<(), BenchError>> {
         let pool = self.pool.clone();
         Box::pin(async move {
             // SQLite has no data-modifying CTEs: both inserts go as one
@@ -175,55 +155,51 @@ impl Target for Lite {
                 "INSERT INTO payments (tenant_id, amount_cents, currency) VALUES ('{TENANT}', {amount}, '{currency}'); \
                  INSERT INTO idempotency_keys (scope, key, step, fingerprint, status, response_status, \
                    response_content_type, response_body, created_at, locked_until, expires_at) \
-                 VALUES ('tenant:floor', '{key}', '{STEP}', X'{fp}', 'completed', 200, 'application/json', \
+                 VALUES ('tenant:floor', '{key}', '{step}', X'{fp}', 'completed', 200, 'application/json', \
                    X'7b7d', {now}, {now}, {expires})",
                 amount = REQUEST.0,
                 currency = REQUEST.1,
                 key = key.replace('\'', "''"),
+                step = CHARGE_CARD.name(),
                 expires = now + 86_400_000,
             );
-            let mut tx = pool.begin().await.map_err(|e| e.to_string())?;
+            let mut tx = pool.begin().await?;
             let conn: &mut sqlx::SqliteConnection = &mut tx;
-            sqlx::Executor::execute(conn, sqlx::raw_sql(&sql))
-                .await
-                .map_err(|e| e.to_string())?;
-            tx.commit().await.map_err(|e| e.to_string())
+            sqlx::Executor::execute(conn, sqlx::raw_sql(&sql)).await?;
+            Ok(tx.commit().await?)
         })
     }
 
-    fn seed_sql(&self, key: String) -> BoxFut<Result<(), String>> {
+    fn seed_sql(&self, key: String) -> BoxFut<Result<(), BenchError>> {
         let pool = self.pool.clone();
         Box::pin(async move {
             let hash = user_hash();
-            let mut tx = pool.begin().await.map_err(|e| e.to_string())?;
+            let mut tx = pool.begin().await?;
             let claimed: Option<String> = sqlx::query_scalar(SEED_CLAIM)
                 .bind(TENANT)
                 .bind(&key)
                 .bind(&hash)
                 .bind(now_ms())
                 .fetch_optional(&mut *tx)
-                .await
-                .map_err(|e| e.to_string())?;
+                .await?;
             if claimed.is_none() {
-                tx.rollback().await.map_err(|e| e.to_string())?;
-                return Err(format!("seed-sql: key {key} was not fresh"));
+                tx.rollback().await?;
+                return Err(format!("seed-sql: key {key} was not fresh").into());
             }
             let id: i64 = sqlx::query_scalar(BUSINESS)
                 .bind(TENANT)
                 .bind(REQUEST.0)
                 .bind(REQUEST.1)
                 .fetch_one(&mut *tx)
-                .await
-                .map_err(|e| e.to_string())?;
+                .await?;
             sqlx::query(SEED_COMPLETE)
                 .bind(TENANT)
                 .bind(&key)
                 .bind(201i64)
                 .bind(format!("{{\"payment_id\": {id}}}"))
                 .execute(&mut *tx)
-                .await
-                .map_err(|e| e.to_string())?;
-            tx.commit().await.map_err(|e| e.to_string())
+                .await?;
+            Ok(tx.commit().await?)
         })
     }
 
@@ -234,17 +210,18 @@ impl Target for Lite {
 
     fn idem_macro(&self, key: String, tenant: String) -> BoxFut<Result<Via, IdemError>> {
         let engine = self.engine.clone();
-        Box::pin(async move { crate::handler::run_lite(&engine, key, tenant).await })
+        Box::pin(async move { through_macro(&engine, key, tenant).await })
     }
 
-    fn payments_for(&self, tenant: String) -> BoxFut<Result<i64, String>> {
+    fn payments_for(&self, tenant: String) -> BoxFut<Result<i64, BenchError>> {
         let pool = self.pool.clone();
         Box::pin(async move {
-            sqlx::query_scalar("SELECT count(*) FROM payments WHERE tenant_id = ?1")
-                .bind(tenant)
-                .fetch_one(&pool)
-                .await
-                .map_err(|e| e.to_string())
+            Ok(
+                sqlx::query_scalar("SELECT count(*) FROM payments WHERE tenant_id = ?1")
+                    .bind(tenant)
+                    .fetch_one(&pool)
+                    .await?,
+            )
         })
     }
 }

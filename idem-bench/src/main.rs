@@ -10,9 +10,9 @@
 //! See `docs/BENCHMARKS.md`.
 
 mod alloc;
+mod charge;
 mod fingerprint;
 mod growth;
-mod handler;
 mod lite;
 mod measure;
 mod pg;
@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 use idem_runtime::test_support::PgServer;
 
 use report::{BackendReport, Report};
-use target::Target;
+use target::{BenchError, Target};
 use throughput::Scenario;
 
 #[global_allocator]
@@ -51,7 +51,7 @@ struct Config {
     only: Option<String>,
 }
 
-fn parse_args() -> Result<Config, String> {
+fn parse_args() -> Result<Config, BenchError> {
     let mut cfg = Config {
         mode: "full",
         rounds: 3,
@@ -117,7 +117,7 @@ fn parse_args() -> Result<Config, String> {
                 );
                 std::process::exit(0);
             }
-            other => return Err(format!("unknown argument {other}")),
+            other => return Err(format!("unknown argument {other}").into()),
         }
     }
     if growth && cfg.mode != "smoke" {
@@ -131,7 +131,7 @@ async fn backend(
     cfg: &Config,
     scenarios: &[Scenario],
     run_id: &str,
-) -> Result<BackendReport, String> {
+) -> Result<BackendReport, BenchError> {
     eprintln!("== {} {} ==", target.name(), target.version());
     let cells = throughput::run(
         target.clone(),
@@ -162,7 +162,7 @@ async fn backend(
     })
 }
 
-async fn run(cfg: Config) -> Result<Report, String> {
+async fn run(cfg: Config) -> Result<Report, BenchError> {
     let started = Instant::now();
     let cores = std::thread::available_parallelism()
         .map(|n| n.get())
@@ -207,10 +207,7 @@ async fn run(cfg: Config) -> Result<Report, String> {
         with_row_lock.insert(4, Scenario::IdemRowLock);
         backends.push(backend(Arc::new(pg), &cfg, &with_row_lock, &run_id).await?);
     }
-    let dir = tempfile::Builder::new()
-        .prefix("idem-bench-")
-        .tempdir()
-        .map_err(|e| e.to_string())?;
+    let dir = tempfile::Builder::new().prefix("idem-bench-").tempdir()?;
     if wants("sqlite") {
         let lite = lite::Lite::setup(&dir.path().join("bench.db"), connections).await?;
         backends.push(backend(Arc::new(lite), &cfg, &scenarios, &run_id).await?);

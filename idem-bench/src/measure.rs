@@ -9,15 +9,17 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
+use crate::target::BenchError;
+
 /// One operation, numbered; `Err` is counted, not fatal.
 pub type OpFn =
-    Arc<dyn Fn(u64) -> Pin<Box<dyn Future<Output = Result<(), String>> + Send>> + Send + Sync>;
+    Arc<dyn Fn(u64) -> Pin<Box<dyn Future<Output = Result<(), BenchError>> + Send>> + Send + Sync>;
 
 /// Wraps an async closure as an [`OpFn`].
 pub fn op<F, Fut>(f: F) -> OpFn
 where
     F: Fn(u64) -> Fut + Send + Sync + 'static,
-    Fut: Future<Output = Result<(), String>> + Send + 'static,
+    Fut: Future<Output = Result<(), BenchError>> + Send + 'static,
 {
     Arc::new(move |i| Box::pin(f(i)))
 }
@@ -41,7 +43,7 @@ pub struct Sample {
 
 /// Runs `ops` operations from `clients` concurrent tasks; each task takes the
 /// next number until all are taken.
-pub async fn drive(clients: usize, ops: u64, f: OpFn) -> (Sample, Option<String>) {
+pub async fn drive(clients: usize, ops: u64, f: OpFn) -> (Sample, Option<BenchError>) {
     let next = Arc::new(AtomicU64::new(0));
     let start = Instant::now();
     let mut tasks = tokio::task::JoinSet::new();

@@ -2,14 +2,12 @@
 
 use idem_runtime::store::postgres::pool_options;
 use idem_runtime::test_support::PgServer;
-use idem_runtime::{
-    Engine, IdemError, IdempotencyKey, KeyLock, Operation, Policy, Problem, Scope, Via,
-};
-use sha2::{Digest, Sha256};
+use idem_runtime::{Engine, IdemError, KeyLock, Policy, Problem, Via};
 use sqlx::postgres::PgConnectOptions;
 use sqlx::{PgPool, Postgres};
 
-use crate::target::{BoxFut, Target, REQUEST, STEP, TENANT};
+use crate::charge::{keyed, through_macro, user_hash, Business, CHARGE_CARD, REQUEST};
+use crate::target::{BenchError, BoxFut, Target, TENANT};
 
 /// Durable settings, as Postgres ships them, stated explicitly for the report.
 pub const SETTINGS: &[(&str, &str)] = &[
@@ -65,7 +63,7 @@ pub struct Pg {
 
 impl Pg {
     /// Creates a fresh database on `server`, migrates it and opens a pool of `connections`.
-    pub async fn setup(server: &PgServer, connections: u32) -> Result<Self, String> {
+    pub async fn setup(server: &PgServer, connections: u32) -> Result<Self, BenchError> {
         let url = server.fresh_database().await;
         let options: PgConnectOptions = url.parse().map_err(|e| format!("{e}"))?;
         let pool = pool_options(&Policy::default(), connections)
@@ -109,41 +107,15 @@ impl Pg {
     }
 }
 
-/// What a careful user hashes a request with: serde_json + SHA-256.
-pub fn user_hash() -> Vec<u8> {
-    let body = serde_json::to_vec(&REQUEST).expect("serialize");
-    Sha256::digest(body).to_vec()
-}
-
-/// The business insert, for an engine closure.
-pub async fn business(conn: &mut sqlx::PgConnection, tenant: &str) -> Result<i64, Problem> {
-    let id = sqlx::query_scalar(BUSINESS)
-        .bind(tenant)
-        .bind(REQUEST.0)
-        .bind(REQUEST.1)
-        .fetch_one(conn)
-        .await?;
-    Ok(id)
-}
-
-/// One keyed operation through the engine.
-pub async fn keyed(
-    engine: &Engine<Postgres>,
-    key: String,
-    tenant: String,
-) -> Result<Via, IdemError> {
-    let op = Operation::new(
-        Scope::tenant(TENANT),
-        IdempotencyKey::new(key).expect("valid key"),
-        STEP,
-        &crate::handler::Charge::new(),
-    );
-    let done = engine
-        .run(&op, async move |tx| business(tx, &tenant).await)
-        .await?;
-    match done.value {
-        Ok(_) => Ok(done.via),
-        Err(problem) => panic!("business insert failed: {problem}"),
+impl Business for Postgres {
+    async fn business(conn: &mut sqlx::PgConnection, tenant: &str) -> Result<i64, Problem> {
+        let id = sqlx::query_scalar(BUSINESS)
+            .bind(tenant)
+            .bind(REQUEST.0)
+            .bind(REQUEST.1)
+            .fetch_one(conn)
+            .await?;
+        Ok(id)
     }
 }
 
@@ -160,73 +132,68 @@ impl Target for Pg {
         self.settings.clone()
     }
 
-    fn unprotected(&self) -> BoxFut<Result<(), String>> {
+    fn unprotected(&self) -> BoxFut<Result<(), BenchError>> {
         let pool = self.pool.clone();
         Box::pin(async move {
-            let mut tx = pool.begin().await.map_err(|e| e.to_string())?;
+            let mut tx = pool.begin().await?;
             let _: i64 = sqlx::query_scalar(BUSINESS)
                 .bind(TENANT)
                 .bind(REQUEST.0)
                 .bind(REQUEST.1)
                 .fetch_one(&mut *tx)
-                .await
-                .map_err(|e| e.to_string())?;
-            tx.commit().await.map_err(|e| e.to_string())
+                .await?;
+            Ok(tx.commit().await?)
         })
     }
 
-    fn same_writes(&self, key: String) -> BoxFut<Result<(), String>> {
+    fn same_writes(&self, key: String) -> BoxFut<Result<(), BenchError>> {
         let pool = self.pool.clone();
         Box::pin(async move {
             let fp = user_hash();
-            let mut tx = pool.begin().await.map_err(|e| e.to_string())?;
+            let mut tx = pool.begin().await?;
             sqlx::query(SAME_WRITES)
                 .bind(TENANT)
                 .bind(REQUEST.0)
                 .bind(REQUEST.1)
                 .bind("tenant:floor")
                 .bind(&key)
-                .bind(STEP)
+                .bind(CHARGE_CARD.name())
                 .bind(&fp)
                 .execute(&mut *tx)
-                .await
-                .map_err(|e| e.to_string())?;
-            tx.commit().await.map_err(|e| e.to_string())
+                .await?;
+            Ok(tx.commit().await?)
         })
     }
 
-    fn seed_sql(&self, key: String) -> BoxFut<Result<(), String>> {
+    fn seed_sql(&self, key: String) -> BoxFut<Result<(), BenchError>> {
         let pool = self.pool.clone();
         Box::pin(async move {
             let hash = user_hash();
-            let mut tx = pool.begin().await.map_err(|e| e.to_string())?;
+            let mut tx = pool.begin().await?;
             let claimed: Option<String> = sqlx::query_scalar(SEED_CLAIM)
                 .bind(TENANT)
                 .bind(&key)
                 .bind(&hash)
                 .fetch_optional(&mut *tx)
-                .await
-                .map_err(|e| e.to_string())?;
+                .await?;
             if claimed.is_none() {
-                tx.rollback().await.map_err(|e| e.to_string())?;
-                return Err(format!("seed-sql: key {key} was not fresh"));
+                tx.rollback().await?;
+                return Err(format!("seed-sql: key {key} was not fresh").into());
             }
             let id: i64 = sqlx::query_scalar(BUSINESS)
                 .bind(TENANT)
                 .bind(REQUEST.0)
                 .bind(REQUEST.1)
                 .fetch_one(&mut *tx)
-                .await
-                .map_err(|e| e.to_string())?;
+                .await?;
             sqlx::query(SEED_COMPLETE)
                 .bind(TENANT)
                 .bind(&key)
                 .bind(201i32)
                 .bind(format!("{{\"payment_id\": {id}}}"))
                 .execute(&mut *tx)
-                .await
-                .map_err(|e| e.to_string())?;
-            tx.commit().await.map_err(|e| e.to_string())
+                .await?;
+            Ok(tx.commit().await?)
         })
     }
 
@@ -242,17 +209,18 @@ impl Target for Pg {
 
     fn idem_macro(&self, key: String, tenant: String) -> BoxFut<Result<Via, IdemError>> {
         let engine = self.engine.clone();
-        Box::pin(async move { crate::handler::run_pg(&engine, key, tenant).await })
+        Box::pin(async move { through_macro(&engine, key, tenant).await })
     }
 
-    fn payments_for(&self, tenant: String) -> BoxFut<Result<i64, String>> {
+    fn payments_for(&self, tenant: String) -> BoxFut<Result<i64, BenchError>> {
         let pool = self.pool.clone();
         Box::pin(async move {
-            sqlx::query_scalar("SELECT count(*) FROM payments WHERE tenant_id = $1")
-                .bind(tenant)
-                .fetch_one(&pool)
-                .await
-                .map_err(|e| e.to_string())
+            Ok(
+                sqlx::query_scalar("SELECT count(*) FROM payments WHERE tenant_id = $1")
+                    .bind(tenant)
+                    .fetch_one(&pool)
+                    .await?,
+            )
         })
     }
 }

@@ -9,7 +9,7 @@ use idem_runtime::{IdemError, Via};
 use serde::Serialize;
 
 use crate::measure::percentile;
-use crate::target::Target;
+use crate::target::{BenchError, Target};
 
 /// The storm's result on one backend.
 #[derive(Debug, Clone, Serialize)]
@@ -38,7 +38,7 @@ pub async fn run(
     keys: usize,
     attempts: usize,
     run_id: &str,
-) -> Result<StormResult, String> {
+) -> Result<StormResult, BenchError> {
     let mut times = Vec::with_capacity(keys);
     let (mut executed, mut replayed, mut in_progress, mut errors) = (0, 0, 0, 0);
     let mut first_error = None;
@@ -69,7 +69,8 @@ pub async fn run(
             return Err(format!(
                 "storm on {}: key {key} executed {key_executed} times, {written} payments written",
                 target.name()
-            ));
+            )
+            .into());
         }
         executed += key_executed;
     }
@@ -77,7 +78,8 @@ pub async fn run(
         return Err(format!(
             "storm on {}: {errors} errors, first: {first_error:?}",
             target.name()
-        ));
+        )
+        .into());
     }
     times.sort_unstable();
     let ms = |d: f64| d / 1000.0;

@@ -11,8 +11,8 @@ pub type BoxFut<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
 /// The tenant every throughput scenario writes payments for.
 pub const TENANT: &str = "t1";
 
-/// The step every keyed scenario runs.
-pub const STEP: &str = "charge-card.v1";
+/// What a scenario's operation or a run fails with.
+pub type BenchError = Box<dyn std::error::Error + Send + Sync>;
 
 /// One database, set up with the payments table, idem's migrations and the
 /// guide's key table, and the same pool for every scenario.
@@ -24,14 +24,14 @@ pub trait Target: Send + Sync + 'static {
     /// The durability settings in force, for the report.
     fn settings(&self) -> Vec<(String, String)>;
     /// `BEGIN; INSERT INTO payments …; COMMIT`: the floor.
-    fn unprotected(&self) -> BoxFut<Result<(), String>>;
+    fn unprotected(&self) -> BoxFut<Result<(), BenchError>>;
     /// The floor for any design that stores the key record in the business
     /// transaction: the payment and a completed key row written by one
     /// statement, `BEGIN; INSERT … ; COMMIT` (three round trips, no lock, no
     /// lookup, no check). Not safe; it only measures the cost of the writes.
-    fn same_writes(&self, key: String) -> BoxFut<Result<(), String>>;
+    fn same_writes(&self, key: String) -> BoxFut<Result<(), BenchError>>;
     /// The guide's claim → business insert → completion UPDATE → COMMIT.
-    fn seed_sql(&self, key: String) -> BoxFut<Result<(), String>>;
+    fn seed_sql(&self, key: String) -> BoxFut<Result<(), BenchError>>;
     /// The same business insert through `Engine::run`, for `tenant`.
     fn idem(&self, key: String, tenant: String) -> BoxFut<Result<Via, IdemError>>;
     /// The same through an `#[idempotent]` handler.
@@ -43,8 +43,5 @@ pub trait Target: Send + Sync + 'static {
         self.idem(key, tenant)
     }
     /// Payments written for `tenant` (to check a storm ran each key once).
-    fn payments_for(&self, tenant: String) -> BoxFut<Result<i64, String>>;
+    fn payments_for(&self, tenant: String) -> BoxFut<Result<i64, BenchError>>;
 }
-
-/// The request every keyed scenario sends (amount in cents, currency).
-pub const REQUEST: (i64, &str) = (2500, "EUR");

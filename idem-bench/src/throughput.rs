@@ -8,7 +8,7 @@ use idem_runtime::Via;
 use serde::Serialize;
 
 use crate::measure::{drive, median, op, OpFn, Sample};
-use crate::target::{Target, TENANT};
+use crate::target::{BenchError, Target, TENANT};
 
 /// A throughput scenario.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
@@ -82,8 +82,8 @@ fn scenario_op(target: &Arc<dyn Target>, scenario: Scenario, prefix: String) -> 
             async move {
                 match fut.await {
                     Ok(Via::Executed) => Ok(()),
-                    Ok(via) => Err(format!("fresh key answered via {}", via)),
-                    Err(e) => Err(e.to_string()),
+                    Ok(via) => Err(format!("fresh key answered via {}", via).into()),
+                    Err(e) => Err(e.into()),
                 }
             }
         }),
@@ -92,8 +92,8 @@ fn scenario_op(target: &Arc<dyn Target>, scenario: Scenario, prefix: String) -> 
             async move {
                 match fut.await {
                     Ok(Via::Replayed) => Ok(()),
-                    Ok(via) => Err(format!("completed key answered via {}", via)),
-                    Err(e) => Err(e.to_string()),
+                    Ok(via) => Err(format!("completed key answered via {}", via).into()),
+                    Err(e) => Err(e.into()),
                 }
             }
         }),
@@ -118,7 +118,7 @@ pub async fn run(
     base_ops: u64,
     rounds: usize,
     run_id: &str,
-) -> Result<Vec<Cell>, String> {
+) -> Result<Vec<Cell>, BenchError> {
     let mut samples: BTreeMap<(Scenario, usize), Vec<Sample>> = BTreeMap::new();
     // Warm up the pool and the statement caches.
     for &s in scenarios {
@@ -132,7 +132,7 @@ pub async fn run(
             continue;
         }
         if let Some(e) = err {
-            return Err(format!("{} warm-up on {}: {e}", s.label(), target.name()));
+            return Err(format!("{} warm-up on {}: {e}", s.label(), target.name()).into());
         }
     }
     for round in 0..rounds {
@@ -148,7 +148,7 @@ pub async fn run(
                     let (_, err) =
                         drive(c, ops, scenario_op(&target, Scenario::Idem, prefix.clone())).await;
                     if let Some(e) = err {
-                        return Err(format!("replay preparation on {}: {e}", target.name()));
+                        return Err(format!("replay preparation on {}: {e}", target.name()).into());
                     }
                 }
                 let (sample, err) = drive(c, ops, scenario_op(&target, s, prefix)).await;

@@ -194,6 +194,49 @@ pub fn sqlite_file() -> (tempfile::TempDir, PathBuf) {
     (dir, path)
 }
 
+/// A store for one test: a SQLite file in its own temporary directory, or a
+/// fresh database on the process-wide test Postgres server ([`postgres()`]).
+/// A SQLite file's directory is removed when this drops.
+///
+/// ```no_run
+/// # async fn demo() {
+/// use idem_runtime::test_support::TestDb;
+/// let sqlite = TestDb::sqlite();
+/// let postgres = TestDb::postgres().await;
+/// assert!(sqlite.url().starts_with("sqlite://"));
+/// assert!(postgres.url().starts_with("postgres://"));
+/// # }
+/// ```
+#[derive(Debug)]
+pub struct TestDb {
+    url: String,
+    _dir: Option<tempfile::TempDir>,
+}
+
+impl TestDb {
+    /// A SQLite file (`sqlite://…/idem.db`) in a fresh temporary directory.
+    pub fn sqlite() -> Self {
+        let (dir, path) = sqlite_file();
+        Self {
+            url: format!("sqlite://{}", path.display()),
+            _dir: Some(dir),
+        }
+    }
+
+    /// A new, empty database on the test Postgres server.
+    pub async fn postgres() -> Self {
+        Self {
+            url: postgres().fresh_database().await,
+            _dir: None,
+        }
+    }
+
+    /// The store's URL: `sqlite://<path>` or `postgres://…/<database>`.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+}
+
 fn how_to_get_postgres(error: &str) -> String {
     format!(
         "the Postgres tests need a Postgres server and could not start one ({error}).\n\
@@ -262,28 +305,18 @@ fn run(cmd: &mut Command, what: &str) -> Result<(), String> {
 }
 
 /// Stops the cluster and removes its directory once this process is gone.
+/// The paths reach the shell as positional parameters, never as script text.
 fn spawn_watchdog(bin: &Path, root: &Path, data: &Path, as_root: bool) {
-    let pg_ctl = bin.join("pg_ctl");
-    let stop = if as_root {
-        format!(
-            "runuser -u postgres -- {} -D {} -m immediate stop",
-            pg_ctl.display(),
-            data.display()
-        )
-    } else {
-        format!(
-            "{} -D {} -m immediate stop",
-            pg_ctl.display(),
-            data.display()
-        )
-    };
-    let script = format!(
-        "while kill -0 {pid} 2>/dev/null; do sleep 0.5; done; {stop} >/dev/null 2>&1; rm -rf {root}",
-        pid = std::process::id(),
-        root = root.display()
-    );
+    const SCRIPT: &str = r#"while kill -0 "$1" 2>/dev/null; do sleep 0.5; done
+if [ "$5" = root ]; then runuser -u postgres -- "$2" -D "$3" -m immediate stop; else "$2" -D "$3" -m immediate stop; fi >/dev/null 2>&1
+rm -rf -- "$4""#;
     let _ = Command::new("sh")
-        .args(["-c", &script])
+        .args(["-c", SCRIPT, "idem-pg-watchdog"])
+        .arg(std::process::id().to_string())
+        .arg(bin.join("pg_ctl"))
+        .arg(data)
+        .arg(root)
+        .arg(if as_root { "root" } else { "user" })
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::null())

@@ -1,25 +1,69 @@
-//! Shared test harness: a real store per test (a temp SQLite file, or a fresh
-//! database on the throwaway Postgres server), a `payments` business table,
-//! and a child-process entry point for crash tests.
+//! The test harness: a real store per test (a temp SQLite file, or a fresh
+//! database on the throwaway Postgres server, from
+//! [`idem_runtime::test_support::TestDb`]), an engine on it, a `payments`
+//! business table, and a child-process entry point for crash tests.
 #![allow(dead_code)]
 
 use std::process::{Command, ExitStatus};
 
-use idem_runtime::test_support;
+/// Emits, for each listed store (a harness constructor of this module:
+/// `sqlite`, `postgres`, `postgres_row_lock`), a module of that name with one
+/// test per listed body, which calls the generic body with the constructor,
+/// plus the ignored `child_process_entry` that [`Harness::run_child`] starts.
+///
+/// ```ignore
+/// on_each_store! {
+///     stores: sqlite, postgres;
+///     #[tokio::test]
+///     executes_once,
+/// }
+/// async fn executes_once<DB: TestBackend>(harness: impl AsyncFn(Policy) -> Harness<DB>) { ... }
+/// ```
+macro_rules! on_each_store {
+    (stores: ; $($tests:tt)*) => {};
+    (stores: $store:ident $(, $rest:ident)*; $($tests:tt)*) => {
+        $crate::support::on_each_store!(@store $store; $($tests)*);
+        $crate::support::on_each_store!(stores: $($rest),*; $($tests)*);
+    };
+    (@store $store:ident; $($(#[$attr:meta])* $name:ident),* $(,)?) => {
+        mod $store {
+            $(
+                $(#[$attr])*
+                async fn $name() {
+                    super::$name(crate::support::$store).await;
+                }
+            )*
+
+            /// Runs inside the child process spawned by the crash tests.
+            #[tokio::test]
+            #[ignore = "entry point for child processes"]
+            async fn child_process_entry() {
+                crate::support::child_entry(crate::support::$store).await;
+            }
+        }
+    };
+}
+pub(crate) use on_each_store;
+
+use idem_runtime::test_support::TestDb;
 use idem_runtime::{Backend, Engine, IdempotencyKey, Operation, Policy, Problem, Scope};
 use sqlx::{Pool, Postgres, Sqlite};
 
 /// What each test gets: an engine on its own store.
 pub struct Harness<DB: TestBackend> {
     pub engine: Engine<DB>,
-    pub url: String,
-    _dir: Option<tempfile::TempDir>,
+    /// The store; a SQLite file lives as long as this.
+    pub db: TestDb,
 }
 
 /// The per-backend pieces of the harness.
 pub trait TestBackend: Backend {
     /// The module name the engine plan's tests live under.
     const MODULE: &'static str;
+    /// A fresh, empty store of this backend.
+    fn test_db() -> impl std::future::Future<Output = TestDb> + Send;
+    /// Runs the engine's migrations ([`Engine::migrate`]) on this backend.
+    fn migrate(engine: &Engine<Self>) -> impl std::future::Future<Output = ()> + Send;
     fn pool(url: &str, policy: &Policy) -> impl std::future::Future<Output = Pool<Self>> + Send {
         Self::pool_of(url, policy, 8)
     }
@@ -34,6 +78,16 @@ pub trait TestBackend: Backend {
         tenant: &'c str,
         amount: i64,
     ) -> impl std::future::Future<Output = Result<(), sqlx::Error>> + Send + 'c;
+    /// Runs one statement on a connection (inside a claim's transaction).
+    fn execute_on<'c>(
+        conn: &'c mut Self::Connection,
+        sql: &'c str,
+    ) -> impl std::future::Future<Output = Result<(), sqlx::Error>> + Send + 'c;
+    /// Reads one integer on a connection (inside a claim's transaction).
+    fn fetch_i64_on<'c>(
+        conn: &'c mut Self::Connection,
+        sql: &'c str,
+    ) -> impl std::future::Future<Output = Result<i64, sqlx::Error>> + Send + 'c;
     fn count(pool: &Pool<Self>, sql: &'static str)
         -> impl std::future::Future<Output = i64> + Send;
     fn execute(
@@ -43,9 +97,15 @@ pub trait TestBackend: Backend {
 }
 
 macro_rules! test_backend {
-    ($db:ty, $module:literal, $pool:expr) => {
+    ($db:ty, $module:literal, $test_db:expr, $pool:expr) => {
         impl TestBackend for $db {
             const MODULE: &'static str = $module;
+            async fn test_db() -> TestDb {
+                $test_db
+            }
+            async fn migrate(engine: &Engine<Self>) {
+                engine.migrate().await.expect("migrate");
+            }
             async fn pool_of(url: &str, policy: &Policy, connections: u32) -> Pool<Self> {
                 let connect = $pool;
                 connect(url, policy, connections).await
@@ -61,6 +121,18 @@ macro_rules! test_backend {
                     .execute(conn)
                     .await
                     .map(drop)
+            }
+            async fn execute_on<'c>(
+                conn: &'c mut Self::Connection,
+                sql: &'c str,
+            ) -> Result<(), sqlx::Error> {
+                sqlx::query(sql).execute(conn).await.map(drop)
+            }
+            async fn fetch_i64_on<'c>(
+                conn: &'c mut Self::Connection,
+                sql: &'c str,
+            ) -> Result<i64, sqlx::Error> {
+                sqlx::query_scalar(sql).fetch_one(conn).await
             }
             async fn count(pool: &Pool<Self>, sql: &'static str) -> i64 {
                 sqlx::query_scalar::<_, i64>(sql)
@@ -78,6 +150,7 @@ macro_rules! test_backend {
 test_backend!(
     Sqlite,
     "sqlite",
+    TestDb::sqlite(),
     |url: &str, policy: &Policy, connections: u32| {
         let url = url.to_owned();
         let policy = *policy;
@@ -91,6 +164,7 @@ test_backend!(
 test_backend!(
     Postgres,
     "postgres",
+    TestDb::postgres().await,
     |url: &str, policy: &Policy, connections: u32| {
         let url = url.to_owned();
         let policy = *policy;
@@ -105,35 +179,26 @@ test_backend!(
 const CREATE_PAYMENTS: &str =
     "CREATE TABLE IF NOT EXISTS payments (tenant TEXT NOT NULL, amount BIGINT NOT NULL)";
 
-async fn harness<DB: TestBackend>(
-    url: String,
-    dir: Option<tempfile::TempDir>,
-    policy: Policy,
-) -> Harness<DB>
-where
-    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
-    DB::Connection: sqlx::migrate::Migrate,
-{
-    let engine = Engine::new(DB::pool(&url, &policy).await).with_policy(policy);
-    engine.migrate().await.expect("migrate");
-    DB::execute(engine.pool(), CREATE_PAYMENTS).await;
-    Harness {
-        engine,
-        url,
-        _dir: dir,
+impl<DB: TestBackend> Harness<DB> {
+    /// An engine with `policy` on a fresh store, migrated, with the
+    /// `payments` table.
+    pub async fn new(policy: Policy) -> Self {
+        let db = DB::test_db().await;
+        let engine = Engine::new(DB::pool(db.url(), &policy).await).with_policy(policy);
+        DB::migrate(&engine).await;
+        DB::execute(engine.pool(), CREATE_PAYMENTS).await;
+        Harness { engine, db }
     }
 }
 
 /// A harness on a fresh SQLite file.
 pub async fn sqlite(policy: Policy) -> Harness<Sqlite> {
-    let (dir, path) = test_support::sqlite_file();
-    harness(format!("sqlite://{}", path.display()), Some(dir), policy).await
+    Harness::new(policy).await
 }
 
 /// A harness on a fresh database of the test Postgres server.
 pub async fn postgres(policy: Policy) -> Harness<Postgres> {
-    let url = test_support::postgres().fresh_database().await;
-    harness(url, None, policy).await
+    Harness::new(policy).await
 }
 
 /// A harness on a fresh database of the test Postgres server whose claims
@@ -182,7 +247,7 @@ impl<DB: TestBackend> Harness<DB> {
                 "--nocapture",
             ])
             .env("IDEM_CHILD_MODE", mode)
-            .env("IDEM_CHILD_URL", &self.url)
+            .env("IDEM_CHILD_URL", self.db.url())
             .env("IDEM_CHILD_TENANT", tenant)
             .env("IDEM_CHILD_KEY", key)
             .env("IDEM_CHILD_AMOUNT", amount.to_string())
@@ -191,9 +256,10 @@ impl<DB: TestBackend> Harness<DB> {
     }
 }
 
-/// The child side of [`Harness::run_child`]: charges once, aborting where told.
+/// The child side of [`Harness::run_child`]: charges once, aborting where told,
+/// on the backend `store` opens (only its type is used).
 /// Does nothing unless started by `run_child`.
-pub async fn child_entry<DB: TestBackend>() {
+pub async fn child_entry<DB: TestBackend>(_store: impl AsyncFn(Policy) -> Harness<DB>) {
     let Ok(mode) = std::env::var("IDEM_CHILD_MODE") else {
         return;
     };
