@@ -53,6 +53,7 @@ pass_cases! {
     idempotent_free_fn => "ui/idempotent/pass/free_fn.rs",
     idempotent_generic => "ui/idempotent/pass/generic.rs",
     idempotent_method => "ui/idempotent/pass/method.rs",
+    idempotent_shadowing => "ui/idempotent/pass/shadowing.rs",
     fingerprint_shapes => "ui/fingerprint/pass/shapes.rs",
     steps_declare => "ui/steps/pass/declare.rs",
 }

@@ -1,5 +1,5 @@
-//! The wrapper's own names never shadow the user's: parameters named like
-//! the wrapper's locals, a local `Result` alias and a user type named `Engine`.
+// The wrapper's own names never shadow the user's: parameters named like
+// the wrapper's locals, a local `Result` alias and a user type named `Engine`.
 use idem::sqlx::SqliteConnection;
 use idem::{idempotent, Fingerprint, IdempotencyKey, Problem};
 
