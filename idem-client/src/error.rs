@@ -112,9 +112,8 @@ impl ClientError {
     pub fn attempts(&self) -> u32 {
         match self {
             ClientError::MissingKey { .. } | ClientError::BodyNotReplayable { .. } => 0,
-            ClientError::DeadlineExceeded { attempts, .. } | ClientError::GaveUp { attempts, .. } => {
-                *attempts
-            }
+            ClientError::DeadlineExceeded { attempts, .. }
+            | ClientError::GaveUp { attempts, .. } => *attempts,
         }
     }
 }

@@ -165,7 +165,8 @@ impl IdempotentRetry {
                     },
                 ));
             };
-            let Some(reason) = reason else {
+            // A keyless non-idempotent request is sent once and returned as it is.
+            let Some(reason) = reason.filter(|_| retryable) else {
                 return match outcome {
                     Outcome::Answer(response) => Ok(self.finish(response, attempt)),
                     Outcome::Failed(error) => {
@@ -224,12 +225,7 @@ impl IdempotentRetry {
         response.extensions_mut().insert(Attempts(attempt));
         let status = response.status().as_u16();
         record(attempt, Some(status));
-        tracing::info!(
-            attempt,
-            status,
-            replayed = response.replayed(),
-            "answered"
-        );
+        tracing::info!(attempt, status, replayed = response.replayed(), "answered");
         response
     }
 
@@ -256,7 +252,8 @@ impl IdempotentRetry {
                 } else if is_problem(&response) {
                     return match rebuffer(response).await {
                         Ok((response, body)) => {
-                            let in_progress = problem_type(&body).as_deref() == Some(IN_PROGRESS_PROBLEM);
+                            let in_progress =
+                                problem_type(&body).as_deref() == Some(IN_PROGRESS_PROBLEM);
                             let reason = in_progress.then_some(RetryReason::InProgress);
                             (Outcome::Answer(response), reason, retry_after)
                         }
@@ -340,7 +337,9 @@ fn problem_type(body: &[u8]) -> Option<String> {
         #[serde(rename = "type")]
         type_: String,
     }
-    serde_json::from_slice::<Problem>(body).ok().map(|p| p.type_)
+    serde_json::from_slice::<Problem>(body)
+        .ok()
+        .map(|p| p.type_)
 }
 
 /// Reads the whole body and builds the same response around it again.
@@ -390,22 +389,33 @@ mod tests {
 
     #[test]
     fn the_server_parses_what_the_client_sends() {
-        for raw in ["plain", r#"q"u\o"te"#, "8e03978e-40d5-43e8-bc93-6894a57f9324"] {
+        for raw in [
+            "plain",
+            r#"q"u\o"te"#,
+            "8e03978e-40d5-43e8-bc93-6894a57f9324",
+        ] {
             let key = IdempotencyKey::new(raw).unwrap();
             let header = structured_field_string(&key);
             let header = axum::http::HeaderValue::from_bytes(header.as_bytes()).unwrap();
-            assert_eq!(idem_runtime::http::parse_header_value(&header).unwrap(), key);
+            assert_eq!(
+                idem_runtime::http::parse_header_value(&header).unwrap(),
+                key
+            );
         }
     }
 
     #[test]
     fn in_progress_is_idems_problem_type() {
-        assert_eq!(IN_PROGRESS_PROBLEM, idem_runtime::http::problem::types::IN_PROGRESS);
+        assert_eq!(
+            IN_PROGRESS_PROBLEM,
+            idem_runtime::http::problem::types::IN_PROGRESS
+        );
     }
 
     #[test]
     fn urls_lose_credentials_and_query() {
-        let url = Url::parse("https://user:secret@pay.example:8443/v1/charges?token=abc#x").unwrap();
+        let url =
+            Url::parse("https://user:secret@pay.example:8443/v1/charges?token=abc#x").unwrap();
         assert_eq!(display_url(&url), "https://pay.example:8443/v1/charges");
     }
 }

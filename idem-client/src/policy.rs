@@ -150,7 +150,9 @@ impl RetryPolicy {
 
     /// A full-jitter backoff wait before retry `retry` (1 for the first retry).
     pub fn backoff_delay(&self, retry: u32) -> Duration {
-        let factor = 1u32.checked_shl(retry.saturating_sub(1)).unwrap_or(u32::MAX);
+        let factor = 1u32
+            .checked_shl(retry.saturating_sub(1))
+            .unwrap_or(u32::MAX);
         let ceiling = self
             .base_delay
             .checked_mul(factor)
