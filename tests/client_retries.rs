@@ -534,6 +534,37 @@ async fn unreplayable_and_keyless_requests(db: Db) {
     assert_eq!(svc.proxy.answers(), 1, "sent once");
 }
 
+/// The pending-work example: a crash between the call and recording its
+/// answer, then a restart that resends with the stored key, charges once.
+#[test]
+fn pending_payment_example_charges_each_intent_once() {
+    let exe = std::env::current_exe().unwrap();
+    let profile_dir = exe.parent().and_then(|deps| deps.parent()).unwrap();
+    let binary = profile_dir
+        .join("examples")
+        .join(format!("pending_payment{}", std::env::consts::EXE_SUFFIX));
+    assert!(
+        binary.is_file(),
+        "{} is missing: `cargo test` builds it; with `--test client_retries` alone run `cargo build --example pending_payment` first",
+        binary.display()
+    );
+    let output = std::process::Command::new(binary)
+        .output()
+        .expect("run the example");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(stdout.contains("pending #1: 201 done"), "{stdout}");
+    assert!(stdout.contains("after 1 attempt(s), replayed"), "{stdout}");
+    assert!(
+        stdout.contains("intents recorded: 2, payments charged: 2, pending left: 0"),
+        "{stdout}"
+    );
+}
+
 macro_rules! on_backend {
     ($backend:ident) => {
         mod $backend {
