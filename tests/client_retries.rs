@@ -94,10 +94,10 @@ impl Service {
     async fn execute(&self, sql: &'static str) {
         match &self.store {
             Store::Sqlite(engine) => {
-                drop(sqlx::query(sql).execute(engine.pool()).await.expect(sql))
+                sqlx::query(sql).execute(engine.pool()).await.expect(sql);
             }
             Store::Postgres(engine) => {
-                drop(sqlx::query(sql).execute(engine.pool()).await.expect(sql))
+                sqlx::query(sql).execute(engine.pool()).await.expect(sql);
             }
         }
     }
