@@ -51,6 +51,10 @@ impl ResponseExt for reqwest::Response {
 pub trait RequestBuilderExt {
     /// Sends `key` as `Idempotency-Key` on every attempt, and lets the
     /// request be retried. Attach the key the pending work was stored with.
+    ///
+    /// The key travels as a typed request extension; it replaces an
+    /// `Idempotency-Key` header set by hand. A header set by hand without
+    /// this extension is sent as it is, but does not make the request retryable.
     fn idempotency_key(self, key: IdempotencyKey) -> Self;
 }
 
