@@ -204,7 +204,11 @@ impl IdempotentRetry {
                 };
                 tracing::warn!(attempt, reason = %reason, wait_ms = wait.as_millis() as u64, "giving up: {why}");
                 return match outcome {
-                    Outcome::Answer(response) => Ok(self.finish(response, attempt)),
+                    Outcome::Answer(mut response) => {
+                        response.extensions_mut().insert(Attempts(attempt));
+                        record(attempt, Some(response.status().as_u16()));
+                        Ok(response)
+                    }
                     Outcome::Failed(source) => {
                         record(attempt, None);
                         Err(reqwest_middleware::Error::middleware(ClientError::GaveUp {
