@@ -92,7 +92,7 @@
 //!
 //! | | `idem-client` | `reqwest-retry` (`RetryTransientMiddleware`) |
 //! |---|---|---|
-//! | connection errors, timeouts | retried | retried |
+//! | connection errors, timeouts, a connection lost before the answer | retried | retried |
 //! | 5xx, 408, 429 | retried | retried |
 //! | 425 Too Early | retried | not retried |
 //! | 409 Conflict | idem's in-progress 409 retried (any 409 with `Retry-After` by configuration) | never retried |
@@ -102,8 +102,9 @@
 //! | limits | attempt limit and an overall deadline | attempt limit or total duration |
 //! | non-idempotent requests | retried only with a key; keyless ones sent once or refused | retried like any other |
 //! | idempotency keys | one key per logical call, the same on every attempt, as an RFC 8941 string | none |
-//! | streaming bodies | refused up front when a retry is possible | sent once; a retry is skipped when the body cannot be cloned |
-//! | replay and attempts on the response | `Idempotent-Replayed` and the attempt count via [`ResponseExt`] | not reported |
+//! | streaming bodies | refused before sending when a retry is possible ([`ClientError::BodyNotReplayable`]); sent once when not | always refused before sending |
+//! | attempts | on every answer ([`ResponseExt::attempts`]) and error ([`ClientError::attempts`]) | on errors only (`RetryError::WithRetries`) |
+//! | replays | `Idempotent-Replayed` read by [`ResponseExt::replayed`] | not read |
 
 mod error;
 mod middleware;
