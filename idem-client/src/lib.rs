@@ -88,7 +88,7 @@
 //! The `pending_payment` example of the idem repository does this against
 //! SQLite and the payments service.
 //!
-//! # Compared with `reqwest-retry`
+//! # Compared with `reqwest-retry` (0.9)
 //!
 //! | | `idem-client` | `reqwest-retry` (`RetryTransientMiddleware`) |
 //! |---|---|---|
@@ -103,7 +103,7 @@
 //! | non-idempotent requests | retried only with a key; keyless ones sent once or refused | retried like any other |
 //! | idempotency keys | one key per logical call, the same on every attempt, as an RFC 8941 string | none |
 //! | streaming bodies | refused before sending when a retry is possible ([`ClientError::BodyNotReplayable`]); sent once when not | always refused before sending |
-//! | attempts | on every answer ([`ResponseExt::attempts`]) and error ([`ClientError::attempts`]) | on errors only (`RetryError::WithRetries`) |
+//! | attempts | on every answer ([`ResponseExt::attempts`]) and on its own errors ([`ClientError::attempts`]) | on errors only (`RetryError::WithRetries`) |
 //! | replays | `Idempotent-Replayed` read by [`ResponseExt::replayed`] | not read |
 
 mod error;
