@@ -13,7 +13,9 @@
 //! `order_key.child(CHARGE_CARD)` (= `child_key(order_key, "charge-card.v1")`)
 //! and records the order in the claim's transaction. The gateway and the mesh
 //! are small retrying proxies: each retries once when its upstream answer is
-//! lost (connection dropped) or late. Answers are really lost: a demo-only
+//! lost (connection dropped) or late. Every hop that retries (client, gateway,
+//! order service, mesh) does it with `idem-client`, keeping the key and body.
+//! Answers are really lost: a demo-only
 //! layer on each service, armed per key, drops the connection after the
 //! commit or holds the answer back.
 //!
@@ -23,15 +25,12 @@
 //! started and what it got, checks that each order was charged exactly once,
 //! and exits non-zero if not.
 
-#[path = "services/client.rs"]
-mod client;
 #[path = "services/payments.rs"]
 mod payments;
 
 use std::collections::HashMap;
-use std::future::Future;
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -41,10 +40,11 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::Router;
-use client::{BoxError, HttpClient, Reply};
 use idem::http::Json;
 use idem::Problem;
 use idem::{idempotent, Engine, Fingerprint, IdempotencyKey};
+use idem_client::reqwest_middleware::{self, ClientWithMiddleware};
+use idem_client::{IdempotentRetry, RequestBuilderExt, ResponseExt, RetryPolicy};
 use payments::Tenant;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
@@ -63,6 +63,9 @@ const TENANT: &str = "shop-1";
 const PROXY_TIMEOUT: Duration = Duration::from_secs(3);
 /// How long the client of the first story waits before giving up on a read.
 const CLIENT_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// Any error on the way to an answer.
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 // ---------------------------------------------------------------------------
 // The order service
@@ -88,7 +91,7 @@ struct Orders {
     engine: Engine<Sqlite>,
     /// The payments service, as the mesh sidecar exposes it.
     payments_url: String,
-    http: HttpClient,
+    http: ClientWithMiddleware,
 }
 
 impl FromRef<Orders> for Engine<Sqlite> {
@@ -118,16 +121,28 @@ async fn checkout(
         "currency": request.currency,
         "destination": format!("merchant/{}", request.order_ref),
     });
-    let headers = [
-        ("idempotency-key", charge_key.as_str()),
-        ("x-tenant-id", tenant.as_str()),
-    ];
-    let url = format!("{}/payments", orders.payments_url);
-    match orders.http.post_json(&url, &headers, &charge).await {
-        Ok(reply) if reply.status == 201 => {
+    let sent = orders
+        .http
+        .post(format!("{}/payments", orders.payments_url))
+        .idempotency_key(charge_key)
+        .header("x-tenant-id", tenant.as_str())
+        .header("content-type", "application/json")
+        .body(charge.to_string())
+        .send()
+        .await;
+    let reply = match sent {
+        Ok(response) => {
+            let status = response.status().as_u16();
+            let body: serde_json::Value = response.json().await.unwrap_or_default();
+            Ok((status, body))
+        }
+        Err(error) => Err(error),
+    };
+    match reply {
+        Ok((201, payment)) => {
             let order = Order {
                 order_id: request.order_ref.clone(),
-                payment_id: reply.json()["payment_id"]
+                payment_id: payment["payment_id"]
                     .as_str()
                     .unwrap_or_default()
                     .to_owned(),
@@ -147,15 +162,14 @@ async fn checkout(
             }
         }
         // A deterministic refusal: stored and replayed.
-        Ok(reply) if (400..500).contains(&reply.status) && reply.status != 409 => {
+        Ok((status, _)) if (400..500).contains(&status) && status != 409 => {
             Problem::new(402, "Payment refused")
                 .with_detail(format!(
-                    "The payments service refused the charge ({}); nothing was ordered.",
-                    reply.status
+                    "The payments service refused the charge ({status}); nothing was ordered."
                 ))
                 .into_response()
         }
-        Ok(reply) => unavailable(&format!("the payments service answered {}", reply.status)),
+        Ok((status, _)) => unavailable(&format!("the payments service answered {status}")),
         Err(error) => unavailable(&format!("the payments service did not answer ({error})")),
     }
 }
@@ -243,24 +257,19 @@ struct Trace {
 }
 
 impl Trace {
-    /// Runs one attempt, recording who made it and what it got, ordered by
-    /// when it started.
-    async fn attempt<T>(
-        &self,
-        key: &str,
-        who: String,
-        attempt: impl Future<Output = T>,
-        got: impl FnOnce(&T) -> String,
-    ) -> T {
-        let seq = self.next.fetch_add(1, Ordering::SeqCst);
-        let result = attempt.await;
+    /// Numbers an attempt as it starts: the table lists attempts in this order.
+    fn start(&self) -> u64 {
+        self.next.fetch_add(1, Ordering::SeqCst)
+    }
+
+    /// Records what the attempt numbered `seq` got.
+    fn record(&self, seq: u64, key: &str, who: String, got: String) {
         self.events.lock().unwrap().push(Event {
             seq,
             key: key.to_owned(),
             who,
-            got: got(&result),
+            got,
         });
-        result
     }
 
     fn for_keys(&self, keys: &[&str]) -> Vec<(String, String)> {
@@ -277,30 +286,126 @@ impl Trace {
     }
 }
 
+/// Names a logical call's attempts in the trace: a request extension read by
+/// [`TraceAttempts`].
+#[derive(Clone)]
+struct Traced {
+    /// The key the call carries.
+    key: String,
+    /// The name of each attempt; attempts past the list repeat its last name.
+    names: Arc<Vec<String>>,
+    /// How a lost answer reads in the table, by attempt number.
+    no_answer: fn(u32, &reqwest_middleware::Error) -> String,
+    attempts: Arc<AtomicU32>,
+}
+
+impl Traced {
+    fn new(
+        key: &str,
+        names: &[&str],
+        no_answer: fn(u32, &reqwest_middleware::Error) -> String,
+    ) -> Self {
+        Self {
+            key: key.to_owned(),
+            names: Arc::new(names.iter().map(|n| n.to_string()).collect()),
+            no_answer,
+            attempts: Arc::default(),
+        }
+    }
+}
+
+/// Records each attempt of a retrying client in the trace. It sits below
+/// [`IdempotentRetry`] in the client's middleware, so it sees every attempt.
+struct TraceAttempts(Trace);
+
+#[async_trait::async_trait]
+impl reqwest_middleware::Middleware for TraceAttempts {
+    async fn handle(
+        &self,
+        request: reqwest::Request,
+        extensions: &mut axum::http::Extensions,
+        next: reqwest_middleware::Next<'_>,
+    ) -> reqwest_middleware::Result<reqwest::Response> {
+        let Some(traced) = extensions.get::<Traced>().cloned() else {
+            return next.run(request, extensions).await;
+        };
+        let attempt = traced.attempts.fetch_add(1, Ordering::SeqCst) + 1;
+        let who = traced.names[(attempt as usize - 1).min(traced.names.len() - 1)].clone();
+        let seq = self.0.start();
+        let result = next.run(request, extensions).await;
+        let got = match &result {
+            Ok(response) => describe(response),
+            Err(error) => (traced.no_answer)(attempt, error),
+        };
+        self.0.record(seq, &traced.key, who, got);
+        result
+    }
+}
+
+/// A client whose calls retry by `policy`, each attempt traced.
+fn traced_client(policy: RetryPolicy, trace: &Trace) -> ClientWithMiddleware {
+    reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
+        .with(IdempotentRetry::new(policy))
+        .with(TraceAttempts(trace.clone()))
+        .build()
+}
+
 // ---------------------------------------------------------------------------
 // The gateway and the mesh sidecar: one retrying proxy, twice
 // ---------------------------------------------------------------------------
 
 /// Forwards every request to `upstream`; when the answer is lost (the
-/// connection drops) or late (past `timeout`), sends the same request once more.
+/// connection drops) or late (past `timeout`), sends the same request, with
+/// the same key, once more.
 #[derive(Clone)]
 struct RetryingProxy {
     /// `gateway -> orders`, `mesh -> payments`: how the trace names a hop.
     hop: &'static str,
     upstream: String,
-    timeout: Duration,
-    http: HttpClient,
-    trace: Trace,
+    http: ClientWithMiddleware,
 }
 
 impl RetryingProxy {
+    fn new(hop: &'static str, upstream: String, trace: &Trace) -> Self {
+        let policy = RetryPolicy::default()
+            .max_attempts(2)
+            .attempt_timeout(PROXY_TIMEOUT)
+            .backoff(Duration::from_millis(5), Duration::from_millis(20));
+        Self {
+            hop,
+            upstream,
+            http: traced_client(policy, trace),
+        }
+    }
+
     fn router(self) -> Router {
         Router::new().fallback(forward).with_state(self)
     }
 }
 
+/// How a proxy's lost answer reads: it retries once, then gives up.
+fn proxy_no_answer(attempt: u32, error: &reqwest_middleware::Error) -> String {
+    let got = no_answer(error, PROXY_TIMEOUT);
+    if attempt == 1 {
+        format!("{got} -> retries")
+    } else {
+        format!("{got} -> gives up: 502")
+    }
+}
+
+fn no_answer(error: &reqwest_middleware::Error, timeout: Duration) -> String {
+    if error.is_timeout() {
+        format!("no answer within {timeout:?}")
+    } else {
+        "no answer: connection dropped".to_owned()
+    }
+}
+
 async fn forward(State(proxy): State<RetryingProxy>, request: Request) -> Response {
-    let key = header(&request, "idempotency-key").unwrap_or_default();
+    let key = request
+        .headers()
+        .get("idempotency-key")
+        .and_then(|value| idem::http::parse_header_value(value).ok());
     let (parts, body) = request.into_parts();
     let Ok(body) = axum::body::to_bytes(body, 1 << 20).await else {
         return Problem::new(400, "Unreadable body").into_response();
@@ -310,51 +415,40 @@ async fn forward(State(proxy): State<RetryingProxy>, request: Request) -> Respon
         proxy.upstream,
         parts.uri.path_and_query().map_or("/", |p| p.as_str())
     );
-    let headers: Vec<(&str, &[u8])> = parts
-        .headers
-        .iter()
-        .filter(|(name, _)| !matches!(name.as_str(), "host" | "content-length" | "connection"))
-        .map(|(name, value)| (name.as_str(), value.as_bytes()))
-        .collect();
-    for attempt in 1..=2 {
-        let send = proxy
-            .http
-            .send(parts.method.clone(), &url, &headers, Some(body.to_vec()));
-        let who = format!("{} #{attempt}", proxy.hop);
-        let timeout = proxy.timeout;
-        let result = proxy
-            .trace
-            .attempt(&key, who, tokio::time::timeout(timeout, send), |r| {
-                let got = match r {
-                    Ok(reply) => describe(reply),
-                    Err(_) => format!("no answer within {timeout:?}"),
-                };
-                if matches!(r, Ok(Ok(_))) {
-                    got
-                } else if attempt == 1 {
-                    format!("{got} -> retries")
-                } else {
-                    format!("{got} -> gives up: 502")
-                }
-            })
-            .await;
-        if let Ok(Ok(reply)) = result {
-            return relay(reply);
+    let names = [format!("{} #1", proxy.hop), format!("{} #2", proxy.hop)];
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    let key_text = key.as_ref().map(|k| k.as_str()).unwrap_or_default();
+    let mut upstream = proxy
+        .http
+        .request(parts.method.clone(), &url)
+        .with_extension(Traced::new(key_text, &names, proxy_no_answer))
+        .body(body.to_vec());
+    for (name, value) in &parts.headers {
+        if !matches!(
+            name.as_str(),
+            "host" | "content-length" | "connection" | "idempotency-key"
+        ) {
+            upstream = upstream.header(name, value);
         }
     }
-    Problem::new(502, "Upstream lost")
-        .with_detail("The upstream answer was lost twice; retry with the same Idempotency-Key.")
-        .into_response()
+    if let Some(key) = key {
+        upstream = upstream.idempotency_key(key);
+    }
+    match upstream.send().await {
+        Ok(reply) => relay(reply).await,
+        Err(_) => Problem::new(502, "Upstream lost")
+            .with_detail("The upstream answer was lost twice; retry with the same Idempotency-Key.")
+            .into_response(),
+    }
 }
 
 /// The upstream's answer, passed on as it came.
-fn relay(reply: Reply) -> Response {
-    let mut response = (
-        StatusCode::from_u16(reply.status).unwrap_or(StatusCode::BAD_GATEWAY),
-        reply.body,
-    )
-        .into_response();
-    for (name, value) in &reply.headers {
+async fn relay(reply: reqwest::Response) -> Response {
+    let status = StatusCode::from_u16(reply.status().as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
+    let headers = reply.headers().clone();
+    let body = reply.bytes().await.unwrap_or_default();
+    let mut response = (status, body.to_vec()).into_response();
+    for (name, value) in &headers {
         if !matches!(
             name.as_str(),
             "content-length" | "transfer-encoding" | "connection"
@@ -368,20 +462,25 @@ fn relay(reply: Reply) -> Response {
     response
 }
 
-/// What an answer (or its absence) means, as the table shows it.
-fn describe(reply: &Result<Reply, BoxError>) -> String {
-    match reply {
-        Err(_) => "no answer: connection dropped".to_owned(),
-        Ok(reply) => match reply.status {
-            201 if reply.replayed() => "201 replayed".to_owned(),
-            201 => "201 executed".to_owned(),
-            409 => format!(
-                "409 in progress, Retry-After {}",
-                reply.header("retry-after").unwrap_or("?")
-            ),
-            422 => "422 key reused with a different request".to_owned(),
-            other => format!("{other} {}", reply.json()["title"].as_str().unwrap_or("")),
-        },
+/// What an answer means, as the table shows it.
+fn describe(reply: &reqwest::Response) -> String {
+    match reply.status().as_u16() {
+        201 if reply.replayed() => "201 replayed".to_owned(),
+        201 => "201 executed".to_owned(),
+        409 => format!(
+            "409 in progress, Retry-After {}",
+            reply
+                .headers()
+                .get("retry-after")
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("?")
+        ),
+        422 => "422 key reused with a different request".to_owned(),
+        _ => format!(
+            "{} {}",
+            reply.status().as_u16(),
+            reply.status().canonical_reason().unwrap_or("")
+        ),
     }
 }
 
@@ -399,51 +498,66 @@ async fn start(app: Router) -> Result<String, BoxError> {
 }
 
 struct Demo {
-    http: HttpClient,
+    /// The client: retries a lost answer, a 5xx or an in-progress 409 with the same key.
+    http: ClientWithMiddleware,
+    /// The client of the first story: gives up on an attempt after [`CLIENT_TIMEOUT`].
+    impatient: ClientWithMiddleware,
     orders_url: String,
     gateway_url: String,
-    trace: Trace,
 }
 
 impl Demo {
-    /// One client attempt at `POST /checkout`, at `base`, traced as `who`.
+    /// One logical `POST /checkout` at `base`, its attempts traced as `names`.
     async fn checkout(
         &self,
-        who: &str,
+        names: &[&str],
         base: &str,
         key: &str,
         order_ref: &str,
         amount_cents: i64,
-    ) -> Result<Reply, BoxError> {
-        let headers = [("idempotency-key", key), ("x-tenant-id", TENANT)];
+    ) -> Result<reqwest::Response, BoxError> {
         let body = json!({"order_ref": order_ref, "amount_cents": amount_cents, "currency": "EUR"});
-        let url = format!("{base}/checkout");
-        let send = self.http.post_json(&url, &headers, &body);
-        self.trace
-            .attempt(key, who.to_owned(), send, describe)
-            .await
+        Ok(self
+            .http
+            .post(format!("{base}/checkout"))
+            .idempotency_key(IdempotencyKey::new(key)?)
+            .with_extension(Traced::new(key, names, client_no_answer))
+            .header("x-tenant-id", TENANT)
+            .header("content-type", "application/json")
+            .body(body.to_string())
+            .send()
+            .await?)
     }
 
-    /// Like [`Demo::checkout`], but the client stops reading after [`CLIENT_TIMEOUT`].
+    /// Like [`Demo::checkout`] at the order service, but each attempt stops
+    /// reading after [`CLIENT_TIMEOUT`].
     async fn checkout_impatient(
         &self,
-        who: &str,
+        names: &[&str],
         key: &str,
         order_ref: &str,
         amount_cents: i64,
-    ) -> Option<Reply> {
-        let headers = [("idempotency-key", key), ("x-tenant-id", TENANT)];
+    ) -> Result<reqwest::Response, BoxError> {
         let body = json!({"order_ref": order_ref, "amount_cents": amount_cents, "currency": "EUR"});
-        let url = format!("{}/checkout", self.orders_url);
-        let send = tokio::time::timeout(CLIENT_TIMEOUT, self.http.post_json(&url, &headers, &body));
-        self.trace
-            .attempt(key, who.to_owned(), send, |r| match r {
-                Ok(reply) => describe(reply),
-                Err(_) => format!("no answer within {CLIENT_TIMEOUT:?}: client gave up"),
-            })
-            .await
-            .ok()
-            .and_then(Result::ok)
+        Ok(self
+            .impatient
+            .post(format!("{}/checkout", self.orders_url))
+            .idempotency_key(IdempotencyKey::new(key)?)
+            .with_extension(Traced::new(key, names, client_no_answer))
+            .header("x-tenant-id", TENANT)
+            .header("content-type", "application/json")
+            .body(body.to_string())
+            .send()
+            .await?)
+    }
+}
+
+/// How a lost answer reads for the client, whose retries are its own rows.
+fn client_no_answer(_attempt: u32, error: &reqwest_middleware::Error) -> String {
+    if error.is_timeout() {
+        format!("no answer within {CLIENT_TIMEOUT:?}: client gave up")
+    } else {
+        no_answer(error, CLIENT_TIMEOUT)
     }
 }
 
@@ -480,17 +594,9 @@ async fn run() -> Result<bool, BoxError> {
         middleware::from_fn_with_state(payments_faults.clone(), lose_answers),
     ))
     .await?;
-    let mesh_url = start(
-        RetryingProxy {
-            hop: "mesh -> payments",
-            upstream: payments_url.clone(),
-            timeout: PROXY_TIMEOUT,
-            http: HttpClient::new(),
-            trace: trace.clone(),
-        }
-        .router(),
-    )
-    .await?;
+    let mesh_url =
+        start(RetryingProxy::new("mesh -> payments", payments_url.clone(), &trace).router())
+            .await?;
 
     // orders: the same start-up, then the gateway in front of it.
     let orders_engine = Engine::<Sqlite>::open_sqlite(dir.path().join("orders.db")).await?;
@@ -509,20 +615,14 @@ async fn run() -> Result<bool, BoxError> {
         .with_state(Orders {
             engine: orders_engine.clone(),
             payments_url: mesh_url.clone(),
-            http: HttpClient::new(),
+            http: idem_client::client(
+                reqwest::Client::new(),
+                RetryPolicy::default().max_attempts(2),
+            ),
         });
     let orders_url = start(orders_app).await?;
-    let gateway_url = start(
-        RetryingProxy {
-            hop: "gateway -> orders",
-            upstream: orders_url.clone(),
-            timeout: PROXY_TIMEOUT,
-            http: HttpClient::new(),
-            trace: trace.clone(),
-        }
-        .router(),
-    )
-    .await?;
+    let gateway_url =
+        start(RetryingProxy::new("gateway -> orders", orders_url.clone(), &trace).router()).await?;
 
     println!("client --> gateway  {gateway_url}   retries once on a lost or late answer");
     println!("       --> orders   {orders_url}   POST /checkout, #[idempotent(http)], step {PLACE_ORDER}, SQLite");
@@ -531,10 +631,13 @@ async fn run() -> Result<bool, BoxError> {
     println!("the charge's key: order key .child({CHARGE_CARD}) = child_key(order key, \"{CHARGE_CARD}\")\n");
 
     let demo = Demo {
-        http: HttpClient::new(),
+        http: traced_client(RetryPolicy::default(), &trace),
+        impatient: traced_client(
+            RetryPolicy::default().attempt_timeout(CLIENT_TIMEOUT),
+            &trace,
+        ),
         orders_url: orders_url.clone(),
         gateway_url: gateway_url.clone(),
-        trace: trace.clone(),
     };
     let (orders, gateway) = (&demo.orders_url, &demo.gateway_url);
     // (logical operation, order, key)
@@ -545,21 +648,16 @@ async fn run() -> Result<bool, BoxError> {
     let key = "key-ord-1001";
     story.push(("client retry after a lost response", "ord-1001", key));
     orders_faults.arm(key, Loss::Stall(Duration::from_secs(2)));
-    if demo
-        .checkout_impatient("client #1 -> orders", key, "ord-1001", 2500)
-        .await
-        .is_none()
-    {
-        demo.checkout("client #2 -> orders", orders, key, "ord-1001", 2500)
-            .await?;
-    }
+    let retries = ["client #1 -> orders", "client #2 -> orders"];
+    demo.checkout_impatient(&retries, key, "ord-1001", 2500)
+        .await?;
 
     // 2. The order service's answer to the gateway is lost (the connection
     //    drops after the commit); the gateway retries on its own.
     let key = "key-ord-1002";
     story.push(("gateway retry", "ord-1002", key));
     orders_faults.arm(key, Loss::Cut);
-    demo.checkout("client #1 -> gateway", gateway, key, "ord-1002", 1800)
+    demo.checkout(&["client #1 -> gateway"], gateway, key, "ord-1002", 1800)
         .await?;
 
     // 3. Payments' answer to the mesh is lost; the sidecar retries the charge
@@ -568,7 +666,7 @@ async fn run() -> Result<bool, BoxError> {
     story.push(("mesh retry of the charge", "ord-1003", key));
     let charge_key = IdempotencyKey::new(key)?.child(CHARGE_CARD);
     payments_faults.arm(charge_key.as_str(), Loss::Cut);
-    demo.checkout("client #1 -> gateway", gateway, key, "ord-1003", 4200)
+    demo.checkout(&["client #1 -> gateway"], gateway, key, "ord-1003", 4200)
         .await?;
 
     // 4. A double click: the second attempt arrives while the first is still
@@ -578,22 +676,11 @@ async fn run() -> Result<bool, BoxError> {
     story.push(("duplicate while the first runs", "ord-1004", key));
     let charge_key = IdempotencyKey::new(key)?.child(CHARGE_CARD);
     payments_faults.arm(charge_key.as_str(), Loss::Stall(Duration::from_millis(400)));
-    let first = demo.checkout("client #1 -> orders", orders, key, "ord-1004", 990);
+    let first = demo.checkout(&["client #1 -> orders"], orders, key, "ord-1004", 990);
     let second = async {
         tokio::time::sleep(Duration::from_millis(150)).await;
-        let reply = demo
-            .checkout("client #2 -> orders", orders, key, "ord-1004", 990)
-            .await?;
-        if reply.status == 409 {
-            let wait = reply
-                .header("retry-after")
-                .and_then(|s| s.parse().ok())
-                .unwrap_or(1);
-            tokio::time::sleep(Duration::from_secs(wait)).await;
-            demo.checkout("client #2 retry -> orders", orders, key, "ord-1004", 990)
-                .await?;
-        }
-        Ok::<_, BoxError>(())
+        let retries = ["client #2 -> orders", "client #2 retry -> orders"];
+        demo.checkout(&retries, orders, key, "ord-1004", 990).await
     };
     let (a, b) = tokio::join!(first, second);
     a?;
@@ -604,33 +691,27 @@ async fn run() -> Result<bool, BoxError> {
     let key = "key-ord-1005";
     story.push(("crash after commit", "ord-1005", key));
     orders_faults.arm(key, Loss::Cut);
-    if demo
-        .checkout("client #1 -> orders", orders, key, "ord-1005", 3100)
-        .await
-        .is_err()
-    {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        demo.checkout("client #2 -> orders", orders, key, "ord-1005", 3100)
-            .await?;
-    }
+    let retries = ["client #1 -> orders", "client #2 -> orders"];
+    demo.checkout(&retries, orders, key, "ord-1005", 3100)
+        .await?;
 
     // 6. A buggy client reuses a key for a different amount.
     let key = "key-ord-1006";
     story.push(("key reused with a changed amount", "ord-1006", key));
-    demo.checkout("client #1 -> gateway", gateway, key, "ord-1006", 5000)
+    demo.checkout(&["client #1 -> gateway"], gateway, key, "ord-1006", 5000)
         .await?;
-    demo.checkout("client #2 -> gateway", gateway, key, "ord-1006", 7500)
+    demo.checkout(&["client #2 -> gateway"], gateway, key, "ord-1006", 7500)
         .await?;
 
     // Side effects, per service.
-    let charges = demo
+    let charges: serde_json::Value = demo
         .http
-        .get(
-            &format!("{payments_url}/payments"),
-            &[("x-tenant-id", TENANT)],
-        )
+        .get(format!("{payments_url}/payments"))
+        .header("x-tenant-id", TENANT)
+        .send()
         .await?
-        .json();
+        .json()
+        .await?;
     let charges = charges["payments"].as_array().cloned().unwrap_or_default();
     let placed: Vec<(String, String)> = sqlx::query_as("SELECT order_id, payment_id FROM orders")
         .fetch_all(orders_engine.pool())

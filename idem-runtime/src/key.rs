@@ -57,6 +57,21 @@ impl IdempotencyKey {
         Ok(Self(key))
     }
 
+    /// A fresh key for a new logical operation: a random (v4) UUID in its
+    /// hyphenated form. Mint it once, before the first attempt, store it with
+    /// the pending work, and send the same key on every retry.
+    ///
+    /// ```
+    /// use idem_runtime::IdempotencyKey;
+    ///
+    /// let key = IdempotencyKey::random();
+    /// assert_eq!(key.as_str().len(), 36);
+    /// assert_ne!(key, IdempotencyKey::random());
+    /// ```
+    pub fn random() -> Self {
+        Self(uuid::Uuid::new_v4().hyphenated().to_string())
+    }
+
     /// The key as sent by the client.
     pub fn as_str(&self) -> &str {
         &self.0
