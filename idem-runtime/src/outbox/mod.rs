@@ -53,7 +53,7 @@ use sqlx::Pool;
 pub use channel::InProcessSink;
 pub use relay::{Backoff, Relay, RelayError, RelayFault, RelayHandle, RelayStats};
 pub use sink::{Delivered, OutgoingMessage, Sink, SinkError, SinkFuture};
-pub use store::{MessageState, OutboxConnection, OutboxEntry, OutboxStore};
+pub use store::{Backlog, MessageState, OutboxConnection, OutboxEntry, OutboxStore};
 #[cfg(feature = "webhook")]
 pub use webhook::{WebhookSink, WEBHOOK_SINK};
 
@@ -237,6 +237,19 @@ pub enum OutboxError {
     /// The message is incomplete or out of bounds; nothing was written.
     #[error("invalid outbox message: {0}")]
     Invalid(String),
+    /// Another operation (a different scope, parent key or step) already
+    /// enqueued a message with this id; nothing was written. Two scopes
+    /// sharing an idempotency key derive the same ids: keys must be unique
+    /// (a UUID) for the outbox to tell their messages apart.
+    #[error("outbox message id {id} is taken by step {step} in scope {scope:?}")]
+    IdTaken {
+        /// The id.
+        id: String,
+        /// The scope that holds it.
+        scope: String,
+        /// The step that holds it.
+        step: String,
+    },
     /// The database refused.
     #[error("outbox store error: {0}")]
     Store(#[from] sqlx::Error),
@@ -249,6 +262,9 @@ impl From<OutboxError> for crate::Problem {
         match error {
             OutboxError::Invalid(detail) => {
                 crate::Problem::new(500, "invalid outbox message").with_detail(detail)
+            }
+            error @ OutboxError::IdTaken { .. } => {
+                crate::Problem::new(500, "outbox message id taken").with_detail(error.to_string())
             }
             OutboxError::Store(error) => error.into(),
         }
@@ -272,7 +288,8 @@ fn wake_relays() {
 ///
 /// The message id is unique in the store: enqueuing an id that is already
 /// there (a retried attempt after a commit) writes nothing and returns
-/// [`Enqueued::AlreadyQueued`]. Two concurrent attempts cannot both hold the
+/// [`Enqueued::AlreadyQueued`] (or [`OutboxError::IdTaken`] if another
+/// scope, parent key or step holds the id). Two concurrent attempts cannot both hold the
 /// claim, and the unique constraint holds even if they could.
 ///
 /// Relays in this process are woken; they see the message once the
@@ -282,13 +299,29 @@ where
     C: OutboxConnection + ?Sized,
 {
     let (id, step) = message.validate()?;
-    let inserted = conn.insert_message(id, step, message).await?;
-    wake_relays();
-    Ok(if inserted {
-        Enqueued::Queued
-    } else {
-        Enqueued::AlreadyQueued
-    })
+    match conn.insert_message(id, step, message).await? {
+        None => {
+            wake_relays();
+            Ok(Enqueued::Queued)
+        }
+        Some(origin)
+            if origin.scope == message.scope
+                && origin.parent_key == message.parent_key
+                && origin.step == step =>
+        {
+            Ok(Enqueued::AlreadyQueued)
+        }
+        Some(origin) => Err(OutboxError::IdTaken {
+            id: id.to_owned(),
+            scope: origin.scope,
+            step: origin.step,
+        }),
+    }
+}
+
+/// How many messages wait and how many are dead.
+pub async fn backlog<DB: OutboxStore>(engine: &Engine<DB>) -> Result<Backlog, OutboxError> {
+    Ok(DB::backlog(engine.pool()).await?)
 }
 
 /// One message by id, with its state, attempts, last error and receipt.

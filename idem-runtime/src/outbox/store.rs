@@ -100,17 +100,36 @@ pub enum Settlement {
     Dead { error: String },
 }
 
+/// Who enqueued an existing message: its scope, parent key and step.
+#[doc(hidden)]
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Origin {
+    pub scope: String,
+    pub parent_key: Option<String>,
+    pub step: String,
+}
+
+/// How many messages wait, and how many are dead.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Backlog {
+    /// Messages not yet delivered (leased ones included).
+    pub pending: u64,
+    /// Dead messages waiting for an operator.
+    pub dead: u64,
+}
+
 /// A connection [`enqueue`](super::enqueue) can write to: `SqliteConnection`
 /// and `PgConnection` (what a claim's transaction dereferences to).
 pub trait OutboxConnection: Send {
-    /// Inserts the message unless its id exists; `true` if it inserted.
+    /// Inserts the message unless its id exists; `None` if it inserted,
+    /// else who enqueued the existing one.
     #[doc(hidden)]
     fn insert_message<'a>(
         &'a mut self,
         id: &'a str,
         step: &'static str,
         message: &'a Message,
-    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'a;
+    ) -> impl Future<Output = Result<Option<Origin>, sqlx::Error>> + Send + 'a;
 }
 
 /// A database the outbox and its relay run on: [`sqlx::Sqlite`] and
@@ -177,6 +196,10 @@ pub trait OutboxStore: Backend {
         pool: &Pool<Self>,
         limit: u32,
     ) -> impl Future<Output = Result<Vec<OutboxEntry>, sqlx::Error>> + Send + '_;
+
+    /// Pending and dead counts.
+    #[doc(hidden)]
+    fn backlog(pool: &Pool<Self>) -> impl Future<Output = Result<Backlog, sqlx::Error>> + Send + '_;
 
     /// Deletes up to `batch` sent rows older than `retention`.
     #[doc(hidden)]
@@ -271,7 +294,7 @@ where
 mod sqlite {
     use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-    use sqlx::{Pool, Sqlite, SqliteConnection, Transaction};
+    use sqlx::{Pool, Row, Sqlite, SqliteConnection, Transaction};
 
     use super::*;
 
@@ -288,7 +311,7 @@ mod sqlite {
             id: &'a str,
             step: &'static str,
             message: &'a Message,
-        ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'a {
+        ) -> impl Future<Output = Result<Option<Origin>, sqlx::Error>> + Send + 'a {
             async move {
                 let now = now_ms();
                 let done = sqlx::query(
@@ -309,9 +332,22 @@ mod sqlite {
                 .bind(i64::from(message.max_attempts))
                 .bind(now)
                 .bind(now)
-                .execute(self)
+                .execute(&mut *self)
                 .await?;
-                Ok(done.rows_affected() == 1)
+                if done.rows_affected() == 1 {
+                    return Ok(None);
+                }
+                let row = sqlx::query(
+                    "SELECT scope, parent_key, step FROM idem_outbox WHERE message_id = ?",
+                )
+                .bind(id)
+                .fetch_one(&mut *self)
+                .await?;
+                Ok(Some(Origin {
+                    scope: row.get("scope"),
+                    parent_key: row.get("parent_key"),
+                    step: row.get("step"),
+                }))
             }
         }
     }
@@ -503,6 +539,21 @@ mod sqlite {
             }
         }
 
+        fn backlog(pool: &Pool<Self>) -> impl Future<Output = Result<Backlog, sqlx::Error>> + Send + '_ {
+            async move {
+                let row = sqlx::query(
+                    "SELECT coalesce(sum(state = 'pending'), 0) AS pending, \
+                     coalesce(sum(state = 'dead'), 0) AS dead FROM idem_outbox WHERE state <> 'sent'",
+                )
+                .fetch_one(pool)
+                .await?;
+                Ok(Backlog {
+                    pending: row.get::<i64, _>("pending").max(0) as u64,
+                    dead: row.get::<i64, _>("dead").max(0) as u64,
+                })
+            }
+        }
+
         fn purge_sent(
             pool: &Pool<Self>,
             retention: Duration,
@@ -527,7 +578,7 @@ mod sqlite {
 mod postgres {
     use std::time::Duration;
 
-    use sqlx::{PgConnection, Pool, Postgres};
+    use sqlx::{PgConnection, Pool, Postgres, Row};
 
     use super::*;
 
@@ -544,7 +595,7 @@ mod postgres {
             id: &'a str,
             step: &'static str,
             message: &'a Message,
-        ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'a {
+        ) -> impl Future<Output = Result<Option<Origin>, sqlx::Error>> + Send + 'a {
             async move {
                 let done = sqlx::query(
                     "INSERT INTO idem_outbox (message_id, scope, parent_key, step, sink, destination, \
@@ -563,9 +614,22 @@ mod postgres {
                 .bind(&message.payload)
                 .bind(&message.content_type)
                 .bind(i32::try_from(message.max_attempts).unwrap_or(i32::MAX))
-                .execute(self)
+                .execute(&mut *self)
                 .await?;
-                Ok(done.rows_affected() == 1)
+                if done.rows_affected() == 1 {
+                    return Ok(None);
+                }
+                let row = sqlx::query(
+                    "SELECT scope, parent_key, step FROM idem_outbox WHERE message_id = $1",
+                )
+                .bind(id)
+                .fetch_one(&mut *self)
+                .await?;
+                Ok(Some(Origin {
+                    scope: row.get("scope"),
+                    parent_key: row.get("parent_key"),
+                    step: row.get("step"),
+                }))
             }
         }
     }
@@ -762,6 +826,21 @@ mod postgres {
                 .fetch_all(pool)
                 .await?;
                 Ok(rows.iter().map(entry_from_row).collect())
+            }
+        }
+
+        fn backlog(pool: &Pool<Self>) -> impl Future<Output = Result<Backlog, sqlx::Error>> + Send + '_ {
+            async move {
+                let row = sqlx::query(
+                    "SELECT count(*) FILTER (WHERE state = 'pending') AS pending, \
+                     count(*) FILTER (WHERE state = 'dead') AS dead FROM idem_outbox WHERE state <> 'sent'",
+                )
+                .fetch_one(pool)
+                .await?;
+                Ok(Backlog {
+                    pending: row.get::<i64, _>("pending").max(0) as u64,
+                    dead: row.get::<i64, _>("dead").max(0) as u64,
+                })
             }
         }
 
