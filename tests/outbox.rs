@@ -27,6 +27,47 @@ use sqlx::{Postgres, Sqlite};
 idem::steps! {
     const NOTIFY = "notify-order.v1";
     const AUDIT = "audit.v1";
+    const PLACE = "place-order.v1";
+}
+
+/// An `#[idempotent]` handler that enqueues on its transaction parameter.
+#[idem::idempotent(scope = "tenant", step = PLACE)]
+async fn place_order(
+    tx: &mut sqlx::SqliteConnection,
+    tenant: String,
+    key: IdempotencyKey,
+    #[fingerprint] total: i64,
+    hook: String,
+) -> Result<i64, Problem> {
+    let message = Message::webhook(hook)
+        .json(&serde_json::json!({ "key": tenant, "seq": total }))
+        .map_err(|e| Problem::new(500, "unserializable event").with_detail(e.to_string()))?
+        .for_step(&key, NOTIFY)
+        .scope(&Scope::tenant(&tenant));
+    outbox::enqueue(tx, &message).await?;
+    Ok(total)
+}
+
+#[tokio::test]
+async fn sqlite_idempotent_handler_enqueues_once_across_replays() {
+    let (_dir, _url, engine) = sqlite().await;
+    let receiver = Receiver::start().await;
+    let first = place_order(&engine, "acme".into(), key("order-h1"), 40, receiver.url())
+        .await
+        .unwrap();
+    let again = place_order(&engine, "acme".into(), key("order-h1"), 40, receiver.url())
+        .await
+        .unwrap();
+    assert_eq!((first.value, again.value), (Ok(40), Ok(40)));
+    assert_eq!(again.via, idem::Via::Replayed);
+    let rows = outbox::entries_for(&engine, &Scope::tenant("acme"), &key("order-h1"))
+        .await
+        .unwrap();
+    assert_eq!(rows.len(), 1);
+    let handle = relay(&engine, Duration::from_secs(5)).spawn().await.unwrap();
+    wait_for("delivery", Duration::from_secs(10), async || drained(&engine).await).await;
+    handle.shutdown().await;
+    assert_eq!((receiver.deliveries(), receiver.effects()), (1, 1));
 }
 
 const SECRET: &[u8] = b"outbox test secret";
@@ -618,10 +659,19 @@ where
     DB: OutboxStore,
     DB::Connection: OutboxConnection,
 {
-    // A port nothing listens on (yet).
-    let reserved = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = reserved.local_addr().unwrap();
-    drop(reserved);
+    // A receiver that is down: it accepts connections and drops them at
+    // once, without an answer (the port stays ours for the requeue below).
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (stop, mut stopped) = tokio::sync::oneshot::channel::<()>();
+    let down = tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                accepted = listener.accept() => drop(accepted),
+                _ = &mut stopped => return listener,
+            }
+        }
+    });
     let url = format!("http://{addr}/hooks");
     let first = Message::webhook(&url)
         .json(&serde_json::json!({ "key": "customer-9", "seq": 0 }))
@@ -664,7 +714,8 @@ where
     assert_eq!((stats.retried, stats.dead, stats.published), (2, 1, 0), "{stats:?}");
 
     // The receiver comes up; an operator requeues.
-    let receiver = Receiver::serve(tokio::net::TcpListener::bind(addr).await.unwrap());
+    stop.send(()).unwrap();
+    let receiver = Receiver::serve(down.await.unwrap());
     assert!(outbox::requeue(&engine, &id).await.unwrap());
     assert!(!outbox::requeue(&engine, &id).await.unwrap(), "only dead messages requeue");
     wait_for("both deliveries", Duration::from_secs(10), async || drained(&engine).await).await;
