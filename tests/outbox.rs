@@ -64,8 +64,14 @@ async fn sqlite_idempotent_handler_enqueues_once_across_replays() {
         .await
         .unwrap();
     assert_eq!(rows.len(), 1);
-    let handle = relay(&engine, Duration::from_secs(5)).spawn().await.unwrap();
-    wait_for("delivery", Duration::from_secs(10), async || drained(&engine).await).await;
+    let handle = relay(&engine, Duration::from_secs(5))
+        .spawn()
+        .await
+        .unwrap();
+    wait_for("delivery", Duration::from_secs(10), async || {
+        drained(&engine).await
+    })
+    .await;
     handle.shutdown().await;
     assert_eq!((receiver.deliveries(), receiver.effects()), (1, 1));
 }
@@ -139,7 +145,13 @@ async fn hook(State(seen): State<Arc<Mutex<Seen>>>, headers: HeaderMap, body: By
     let timestamp: i64 = header("webhook-timestamp").parse().unwrap_or(0);
     let mut seen = seen.lock().unwrap();
     if secret()
-        .verify(&id, timestamp, &body, &header("webhook-signature"), unix_now())
+        .verify(
+            &id,
+            timestamp,
+            &body,
+            &header("webhook-signature"),
+            unix_now(),
+        )
         .is_err()
         || header("idempotency-key") != format!("\"{id}\"")
     {
@@ -245,7 +257,12 @@ fn run_relay_child(url: &str, fault: Option<&str>, lease: Duration) -> ExitStatu
     let exe = std::env::current_exe().unwrap();
     let mut command = Command::new(exe);
     command
-        .args(["--exact", "relay_child_entry", "--include-ignored", "--nocapture"])
+        .args([
+            "--exact",
+            "relay_child_entry",
+            "--include-ignored",
+            "--nocapture",
+        ])
         .env("IDEM_RELAY_CHILD_URL", url)
         .env("IDEM_RELAY_CHILD_LEASE_MS", lease.as_millis().to_string());
     if let Some(fault) = fault {
@@ -281,14 +298,19 @@ async fn relay_child_entry() {
     }
 }
 
-async fn child_relay<DB: OutboxStore>(engine: Engine<DB>, lease: Duration, fault: Option<RelayFault>) {
+async fn child_relay<DB: OutboxStore>(
+    engine: Engine<DB>,
+    lease: Duration,
+    fault: Option<RelayFault>,
+) {
     let handle = relay(&engine, lease).fault(fault).spawn().await.unwrap();
-    wait_for("the child relay to drain the outbox", Duration::from_secs(60), async || {
-        drained(&engine).await
-    })
+    wait_for(
+        "the child relay to drain the outbox",
+        Duration::from_secs(60),
+        async || drained(&engine).await,
+    )
     .await;
-    let stats = handle.stats();
-    handle.shutdown().await;
+    let stats = handle.shutdown().await;
     println!("child relay stats: {stats:?}");
 }
 
@@ -305,7 +327,9 @@ where
     // back, no row.
     let scope = Scope::tenant("acme");
     let parent = key("order-rolled-back");
-    let message = event(&receiver, "k", 1).for_step(&parent, NOTIFY).scope(&scope);
+    let message = event(&receiver, "k", 1)
+        .for_step(&parent, NOTIFY)
+        .scope(&scope);
     let op = Operation::new(scope.clone(), parent.clone(), "place-order.v1", &1i64);
     let failed = engine
         .run(&op, async |tx| {
@@ -315,7 +339,10 @@ where
         .await
         .unwrap();
     assert!(failed.value.is_err());
-    assert!(outbox::entries_for(&engine, &scope, &parent).await.unwrap().is_empty());
+    assert!(outbox::entries_for(&engine, &scope, &parent)
+        .await
+        .unwrap()
+        .is_empty());
 
     // The retry commits one row.
     let retried = engine
@@ -335,9 +362,14 @@ where
     assert_eq!(again, Enqueued::AlreadyQueued);
 
     // A second message of the same operation under another step is its own row.
-    let audit = event(&receiver, "k", 2).for_step(&parent, AUDIT).scope(&scope);
+    let audit = event(&receiver, "k", 2)
+        .for_step(&parent, AUDIT)
+        .scope(&scope);
     let mut tx = engine.pool().begin().await.unwrap();
-    assert_eq!(outbox::enqueue(&mut *tx, &audit).await.unwrap(), Enqueued::Queued);
+    assert_eq!(
+        outbox::enqueue(&mut *tx, &audit).await.unwrap(),
+        Enqueued::Queued
+    );
     tx.commit().await.unwrap();
 
     // Another scope deriving the same id is refused loudly.
@@ -365,8 +397,14 @@ where
     assert_eq!(rows[0].state, MessageState::Pending);
 
     // Delivered once each.
-    let handle = relay(&engine, Duration::from_secs(5)).spawn().await.unwrap();
-    wait_for("delivery", Duration::from_secs(10), async || drained(&engine).await).await;
+    let handle = relay(&engine, Duration::from_secs(5))
+        .spawn()
+        .await
+        .unwrap();
+    wait_for("delivery", Duration::from_secs(10), async || {
+        drained(&engine).await
+    })
+    .await;
     handle.shutdown().await;
     assert_eq!(receiver.effects(), 2);
     assert_eq!(receiver.deliveries(), 2);
@@ -394,7 +432,10 @@ async fn postgres_concurrent_enqueues_of_one_id_leave_one_row() {
         .body("text/plain", "x")
         .with_id("order-77-created", NOTIFY);
     let mut first = engine.pool().begin().await.unwrap();
-    assert_eq!(outbox::enqueue(&mut *first, &message).await.unwrap(), Enqueued::Queued);
+    assert_eq!(
+        outbox::enqueue(&mut *first, &message).await.unwrap(),
+        Enqueued::Queued
+    );
     let pool = engine.pool().clone();
     let second_message = message.clone();
     let second = tokio::spawn(async move {
@@ -404,10 +445,16 @@ async fn postgres_concurrent_enqueues_of_one_id_leave_one_row() {
         outcome
     });
     tokio::time::sleep(Duration::from_millis(200)).await;
-    assert!(!second.is_finished(), "the second insert waits on the first");
+    assert!(
+        !second.is_finished(),
+        "the second insert waits on the first"
+    );
     first.commit().await.unwrap();
     assert_eq!(second.await.unwrap(), Enqueued::AlreadyQueued);
-    let entry = outbox::entry(&engine, "order-77-created").await.unwrap().unwrap();
+    let entry = outbox::entry(&engine, "order-77-created")
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(entry.payload, b"x");
     assert_eq!(outbox::backlog(&engine).await.unwrap().pending, 1);
 }
@@ -434,8 +481,7 @@ where
         state(&engine, &id).await == MessageState::Sent
     })
     .await;
-    let stats = handle.stats();
-    handle.shutdown().await;
+    let stats = handle.shutdown().await;
     assert_eq!(stats.duplicates, 1, "{stats:?}");
     assert_eq!(stats.published, 0, "{stats:?}");
     assert_eq!(receiver.deliveries(), 2);
@@ -474,14 +520,15 @@ where
     assert_eq!(receiver.deliveries(), 0);
 
     let handle = relay(&engine, lease).spawn().await.unwrap();
-    wait_for("delivery after the lease", Duration::from_secs(15), async || {
-        state(&engine, &id).await == MessageState::Sent
-    })
+    wait_for(
+        "delivery after the lease",
+        Duration::from_secs(15),
+        async || state(&engine, &id).await == MessageState::Sent,
+    )
     .await;
     // The dead relay's lease was respected.
     assert!(killed_at.elapsed() >= lease, "{:?}", killed_at.elapsed());
-    let stats = handle.stats();
-    handle.shutdown().await;
+    let stats = handle.shutdown().await;
     assert_eq!(stats.published, 1, "{stats:?}");
     assert_eq!(receiver.deliveries(), 1);
     assert_eq!(receiver.effects(), 1);
@@ -526,7 +573,11 @@ where
 fn assert_once_each_in_order(receiver: &Receiver) {
     let seen = receiver.seen.lock().unwrap();
     assert_eq!(seen.effects.len() as u64, KEYS * PER_KEY);
-    assert_eq!(seen.deliveries, KEYS * PER_KEY, "each message published once");
+    assert_eq!(
+        seen.deliveries,
+        KEYS * PER_KEY,
+        "each message published once"
+    );
     let mut per_key: BTreeMap<&str, Vec<u64>> = BTreeMap::new();
     for (key, seq) in &seen.effects {
         per_key.entry(key).or_default().push(*seq);
@@ -542,13 +593,21 @@ async fn in_process_relays(relays: usize) {
     enqueue_ordered(&engine, &receiver).await;
     let mut handles = Vec::new();
     for _ in 0..relays {
-        handles.push(relay(&engine, Duration::from_secs(10)).batch(8).spawn().await.unwrap());
+        handles.push(
+            relay(&engine, Duration::from_secs(10))
+                .batch(8)
+                .spawn()
+                .await
+                .unwrap(),
+        );
     }
-    wait_for("all relays to drain", Duration::from_secs(60), async || drained(&engine).await).await;
+    wait_for("all relays to drain", Duration::from_secs(60), async || {
+        drained(&engine).await
+    })
+    .await;
     let mut fenced = 0;
     for handle in handles {
-        fenced += handle.stats().fenced;
-        handle.shutdown().await;
+        fenced += handle.shutdown().await.fenced;
     }
     assert_eq!(fenced, 0);
     assert_once_each_in_order(&receiver);
@@ -611,23 +670,28 @@ where
     // Stalls 1.5 s after the receiver acknowledged: its lease runs out.
     let stale = relay(&engine, lease)
         .owner("stale")
-        .fault(Some(RelayFault::StallAfterPublish(Duration::from_millis(1500))));
+        .fault(Some(RelayFault::StallAfterPublish(Duration::from_millis(
+            1500,
+        ))));
     let stale_round = tokio::spawn(async move {
         let claimed = stale.run_once().await.unwrap();
         (claimed, stale.stats())
     });
-    wait_for("the stale relay's delivery", Duration::from_secs(5), async || {
-        receiver.deliveries() == 1
-    })
+    wait_for(
+        "the stale relay's delivery",
+        Duration::from_secs(5),
+        async || receiver.deliveries() == 1,
+    )
     .await;
     let fresh = relay(&engine, lease).owner("fresh").spawn().await.unwrap();
-    wait_for("the fresh relay's delivery", Duration::from_secs(10), async || {
-        state(&engine, &id).await == MessageState::Sent
-    })
+    wait_for(
+        "the fresh relay's delivery",
+        Duration::from_secs(10),
+        async || state(&engine, &id).await == MessageState::Sent,
+    )
     .await;
     let (claimed, stale_stats) = stale_round.await.unwrap();
-    let fresh_stats = fresh.stats();
-    fresh.shutdown().await;
+    let fresh_stats = fresh.shutdown().await;
     assert_eq!(claimed, 1);
     assert_eq!(stale_stats.fenced, 1, "{stale_stats:?}");
     assert_eq!(stale_stats.published, 0, "{stale_stats:?}");
@@ -703,28 +767,57 @@ where
     .await;
     let entry = outbox::entry(&engine, &id).await.unwrap().unwrap();
     assert_eq!(entry.attempts, 3);
-    assert!(entry.last_error.as_deref().unwrap().contains("after 3 attempts"), "{entry:?}");
+    assert!(
+        entry
+            .last_error
+            .as_deref()
+            .unwrap()
+            .contains("after 3 attempts"),
+        "{entry:?}"
+    );
     // The second message waits behind the dead one.
     tokio::time::sleep(Duration::from_millis(300)).await;
-    assert_eq!(state(&engine, "customer-9-second").await, MessageState::Pending);
-    assert_eq!(outbox::entry(&engine, "customer-9-second").await.unwrap().unwrap().attempts, 0);
+    assert_eq!(
+        state(&engine, "customer-9-second").await,
+        MessageState::Pending
+    );
+    assert_eq!(
+        outbox::entry(&engine, "customer-9-second")
+            .await
+            .unwrap()
+            .unwrap()
+            .attempts,
+        0
+    );
     let dead = outbox::dead(&engine, 10).await.unwrap();
     assert_eq!(dead.len(), 1);
     let stats = handle.stats();
-    assert_eq!((stats.retried, stats.dead, stats.published), (2, 1, 0), "{stats:?}");
+    assert_eq!(
+        (stats.retried, stats.dead, stats.published),
+        (2, 1, 0),
+        "{stats:?}"
+    );
 
     // The receiver comes up; an operator requeues.
     stop.send(()).unwrap();
     let receiver = Receiver::serve(down.await.unwrap());
     assert!(outbox::requeue(&engine, &id).await.unwrap());
-    assert!(!outbox::requeue(&engine, &id).await.unwrap(), "only dead messages requeue");
-    wait_for("both deliveries", Duration::from_secs(10), async || drained(&engine).await).await;
-    let stats = handle.stats();
-    handle.shutdown().await;
+    assert!(
+        !outbox::requeue(&engine, &id).await.unwrap(),
+        "only dead messages requeue"
+    );
+    wait_for("both deliveries", Duration::from_secs(10), async || {
+        drained(&engine).await
+    })
+    .await;
+    let stats = handle.shutdown().await;
     assert_eq!(stats.published, 2, "{stats:?}");
     assert_eq!(receiver.effects(), 2);
     let seen = receiver.seen.lock().unwrap();
-    assert_eq!(seen.effects, vec![("customer-9".to_owned(), 0), ("customer-9".to_owned(), 1)]);
+    assert_eq!(
+        seen.effects,
+        vec![("customer-9".to_owned(), 0), ("customer-9".to_owned(), 1)]
+    );
 }
 
 #[tokio::test]
@@ -772,15 +865,24 @@ async fn sqlite_retry_after_is_honoured_and_4xx_is_dead_until_skipped() {
         .json(&serde_json::json!({ "n": 1 }))
         .unwrap();
     let limited_id = place(&engine, "order-429", limited).await;
-    let handle = relay(&engine, Duration::from_secs(5)).spawn().await.unwrap();
-    wait_for("the rate-limited delivery", Duration::from_secs(10), async || {
-        state(&engine, &limited_id).await == MessageState::Sent
-    })
+    let handle = relay(&engine, Duration::from_secs(5))
+        .spawn()
+        .await
+        .unwrap();
+    wait_for(
+        "the rate-limited delivery",
+        Duration::from_secs(10),
+        async || state(&engine, &limited_id).await == MessageState::Sent,
+    )
     .await;
     {
         let calls = calls.lock().unwrap();
         assert_eq!(calls.len(), 2);
-        assert!(calls[1] - calls[0] >= Duration::from_millis(950), "{:?}", calls[1] - calls[0]);
+        assert!(
+            calls[1] - calls[0] >= Duration::from_millis(950),
+            "{:?}",
+            calls[1] - calls[0]
+        );
     }
 
     let rejected = Message::webhook(&url)
@@ -788,19 +890,27 @@ async fn sqlite_retry_after_is_honoured_and_4xx_is_dead_until_skipped() {
         .unwrap()
         .ordering_key("k");
     let rejected_id = place(&engine, "order-422", rejected).await;
-    wait_for("the rejected message to die", Duration::from_secs(10), async || {
-        state(&engine, &rejected_id).await == MessageState::Dead
-    })
+    wait_for(
+        "the rejected message to die",
+        Duration::from_secs(10),
+        async || state(&engine, &rejected_id).await == MessageState::Dead,
+    )
     .await;
     let entry = outbox::entry(&engine, &rejected_id).await.unwrap().unwrap();
     assert_eq!(entry.attempts, 1, "a 422 is not retried");
     assert!(entry.last_error.unwrap().contains("422"));
     assert!(outbox::skip(&engine, &rejected_id).await.unwrap());
     let entry = outbox::entry(&engine, &rejected_id).await.unwrap().unwrap();
-    assert_eq!((entry.state, entry.receipt.as_deref()), (MessageState::Sent, Some("skipped")));
-    let stats = handle.stats();
-    handle.shutdown().await;
-    assert_eq!((stats.published, stats.retried, stats.dead), (1, 1, 1), "{stats:?}");
+    assert_eq!(
+        (entry.state, entry.receipt.as_deref()),
+        (MessageState::Sent, Some("skipped"))
+    );
+    let stats = handle.shutdown().await;
+    assert_eq!(
+        (stats.published, stats.retried, stats.dead),
+        (1, 1, 1),
+        "{stats:?}"
+    );
     assert_eq!(calls.lock().unwrap().len(), 3);
 }
 
@@ -831,7 +941,10 @@ async fn postgres_in_process_sink_and_retention_purge() {
             .await
             .unwrap()
             .unwrap();
-        assert_eq!(message.headers, vec![("x-tenant".to_owned(), "acme".to_owned())]);
+        assert_eq!(
+            message.headers,
+            vec![("x-tenant".to_owned(), "acme".to_owned())]
+        );
         assert_eq!(message.attempt, 1);
         ids.push(message.id);
     }
@@ -840,8 +953,7 @@ async fn postgres_in_process_sink_and_retention_purge() {
         outbox::entry(&engine, "order-2").await.unwrap().is_none()
     })
     .await;
-    let stats = handle.stats();
-    handle.shutdown().await;
+    let stats = handle.shutdown().await;
     assert_eq!((stats.published, stats.purged), (3, 3), "{stats:?}");
 }
 
@@ -863,8 +975,15 @@ async fn a_relay_refuses_to_start_when_a_sink_check_fails_or_settings_conflict()
         }
     }
     let (_dir, _url, engine) = sqlite().await;
-    let refused = Relay::new(&engine).sink(ShortWindow).spawn().await.unwrap_err();
-    assert!(matches!(refused, outbox::RelayError::SinkRefused { .. }), "{refused}");
+    let refused = Relay::new(&engine)
+        .sink(ShortWindow)
+        .spawn()
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(refused, outbox::RelayError::SinkRefused { .. }),
+        "{refused}"
+    );
     let refused = Relay::new(&engine)
         .sink(InProcessSink::channel("x", 1).0)
         .lease(Duration::from_secs(1))
@@ -872,7 +991,10 @@ async fn a_relay_refuses_to_start_when_a_sink_check_fails_or_settings_conflict()
         .spawn()
         .await
         .unwrap_err();
-    assert!(matches!(refused, outbox::RelayError::Config(_)), "{refused}");
+    assert!(
+        matches!(refused, outbox::RelayError::Config(_)),
+        "{refused}"
+    );
     assert!(matches!(
         Relay::new(&engine).spawn().await.unwrap_err(),
         outbox::RelayError::Config(_)

@@ -6,9 +6,8 @@ use std::sync::Arc;
 
 use super::sink::{Delivered, OutgoingMessage, Sink, SinkError, SinkFuture};
 
-type Callback = dyn Fn(OutgoingMessage) -> SinkFuture<'static, Result<Delivered, SinkError>>
-    + Send
-    + Sync;
+type Callback =
+    dyn Fn(OutgoingMessage) -> SinkFuture<'static, Result<Delivered, SinkError>> + Send + Sync;
 
 /// A [`Sink`] that hands each message to an async callback.
 ///

@@ -90,7 +90,10 @@ impl Backoff {
     pub fn horizon(&self, max_attempts: u32, lease: Duration) -> Duration {
         (1..max_attempts.max(1))
             .map(|attempt| self.ceiling(attempt))
-            .fold(lease.saturating_mul(max_attempts.max(1)), Duration::saturating_add)
+            .fold(
+                lease.saturating_mul(max_attempts.max(1)),
+                Duration::saturating_add,
+            )
     }
 }
 
@@ -231,7 +234,8 @@ pub struct RelayStats {
 ///     .await?;
 /// // ... serve ...
 /// println!("{:?}", relay.stats());
-/// relay.shutdown().await;
+/// let last = relay.shutdown().await;
+/// println!("published {} in all", last.published);
 /// # Ok(()) }
 /// ```
 pub struct Relay<DB: OutboxStore> {
@@ -389,7 +393,9 @@ impl<DB: OutboxStore> Relay<DB> {
             return Err(RelayError::Config("a relay needs at least one sink".into()));
         }
         if self.batch == 0 {
-            return Err(RelayError::Config("the batch size must be at least 1".into()));
+            return Err(RelayError::Config(
+                "the batch size must be at least 1".into(),
+            ));
         }
         if self.lease.is_zero() || self.effective_timeout() >= self.lease {
             return Err(RelayError::Config(format!(
@@ -454,7 +460,6 @@ impl RelayHandle {
         self.counters.snapshot()
     }
 
-
     /// The name this relay's leases carry.
     pub fn owner(&self) -> &str {
         &self.owner
@@ -468,12 +473,13 @@ impl RelayHandle {
 
     /// Stops the relay: the round in flight finishes (its publishes are
     /// bounded by the publish timeout) and is settled, leases still held are
-    /// released, and the task ends.
-    pub async fn shutdown(self) {
+    /// released, and the task ends. Returns the final counters.
+    pub async fn shutdown(self) -> RelayStats {
         let _ = self.stop.send(true);
         if let Err(error) = self.task.await {
             tracing::warn!(%error, "the outbox relay task ended abnormally");
         }
+        self.counters.snapshot()
     }
 }
 
@@ -567,16 +573,11 @@ impl<DB: OutboxStore> Worker<DB> {
 }
 
 /// One claim, its publishes and their settles. Returns how many it claimed.
-async fn round<DB: OutboxStore>(
-    relay: &Relay<DB>,
-    names: &[String],
-) -> Result<usize, sqlx::Error> {
+async fn round<DB: OutboxStore>(relay: &Relay<DB>, names: &[String]) -> Result<usize, sqlx::Error> {
     let counters = &*relay.counters;
     let claimed = DB::claim(&relay.pool, names, &relay.owner, relay.lease, relay.batch).await?;
     let count = claimed.len();
-    counters
-        .claimed
-        .fetch_add(count as u64, Ordering::Relaxed);
+    counters.claimed.fetch_add(count as u64, Ordering::Relaxed);
     let timeout = relay.effective_timeout();
     let mut publishes = JoinSet::new();
     for message in claimed {
@@ -608,7 +609,10 @@ async fn publish(
     fault: Option<RelayFault>,
 ) -> Result<Delivered, SinkError> {
     if crate::faults::ENABLED && fault == Some(RelayFault::BeforePublish) {
-        eprintln!("idem fault injection: aborting {}", RelayFault::BeforePublish);
+        eprintln!(
+            "idem fault injection: aborting {}",
+            RelayFault::BeforePublish
+        );
         std::process::abort();
     }
     let outcome = match tokio::time::timeout(timeout, sink.publish(&message.message)).await {
@@ -621,7 +625,10 @@ async fn publish(
     if crate::faults::ENABLED && outcome.is_ok() {
         match fault {
             Some(RelayFault::AfterPublish) => {
-                eprintln!("idem fault injection: aborting {}", RelayFault::AfterPublish);
+                eprintln!(
+                    "idem fault injection: aborting {}",
+                    RelayFault::AfterPublish
+                );
                 std::process::abort();
             }
             Some(RelayFault::StallAfterPublish(pause)) => tokio::time::sleep(pause).await,

@@ -199,7 +199,8 @@ pub trait OutboxStore: Backend {
 
     /// Pending and dead counts.
     #[doc(hidden)]
-    fn backlog(pool: &Pool<Self>) -> impl Future<Output = Result<Backlog, sqlx::Error>> + Send + '_;
+    fn backlog(pool: &Pool<Self>)
+        -> impl Future<Output = Result<Backlog, sqlx::Error>> + Send + '_;
 
     /// Deletes up to `batch` sent rows older than `retention`.
     #[doc(hidden)]
@@ -301,275 +302,243 @@ mod sqlite {
     fn now_ms() -> i64 {
         SystemTime::now()
             .duration_since(UNIX_EPOCH)
-            .map(|elapsed| millis(elapsed))
+            .map(millis)
             .unwrap_or(0)
     }
 
     impl OutboxConnection for SqliteConnection {
-        fn insert_message<'a>(
+        async fn insert_message<'a>(
             &'a mut self,
             id: &'a str,
             step: &'static str,
             message: &'a Message,
-        ) -> impl Future<Output = Result<Option<Origin>, sqlx::Error>> + Send + 'a {
-            async move {
-                let now = now_ms();
-                let done = sqlx::query(
-                    "INSERT INTO idem_outbox (message_id, scope, parent_key, step, sink, destination, \
-                     ordering_key, headers, payload, content_type, max_attempts, available_at, created_at) \
-                     VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (message_id) DO NOTHING",
-                )
-                .bind(id)
-                .bind(&message.scope)
-                .bind(message.parent_key.as_deref())
-                .bind(step)
-                .bind(&message.sink)
-                .bind(&message.destination)
-                .bind(message.ordering_key.as_deref())
-                .bind(headers_json(&message.headers))
-                .bind(&message.payload)
-                .bind(&message.content_type)
-                .bind(i64::from(message.max_attempts))
-                .bind(now)
-                .bind(now)
-                .execute(&mut *self)
-                .await?;
-                if done.rows_affected() == 1 {
-                    return Ok(None);
-                }
-                let row = sqlx::query(
-                    "SELECT scope, parent_key, step FROM idem_outbox WHERE message_id = ?",
-                )
-                .bind(id)
-                .fetch_one(&mut *self)
-                .await?;
-                Ok(Some(Origin {
-                    scope: row.get("scope"),
-                    parent_key: row.get("parent_key"),
-                    step: row.get("step"),
-                }))
+        ) -> Result<Option<Origin>, sqlx::Error> {
+            let now = now_ms();
+            let done = sqlx::query(
+                "INSERT INTO idem_outbox (message_id, scope, parent_key, step, sink, destination, \
+                 ordering_key, headers, payload, content_type, max_attempts, available_at, created_at) \
+                 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (message_id) DO NOTHING",
+            )
+            .bind(id)
+            .bind(&message.scope)
+            .bind(message.parent_key.as_deref())
+            .bind(step)
+            .bind(&message.sink)
+            .bind(&message.destination)
+            .bind(message.ordering_key.as_deref())
+            .bind(headers_json(&message.headers))
+            .bind(&message.payload)
+            .bind(&message.content_type)
+            .bind(i64::from(message.max_attempts))
+            .bind(now)
+            .bind(now)
+            .execute(&mut *self)
+            .await?;
+            if done.rows_affected() == 1 {
+                return Ok(None);
             }
+            let row =
+                sqlx::query("SELECT scope, parent_key, step FROM idem_outbox WHERE message_id = ?")
+                    .bind(id)
+                    .fetch_one(&mut *self)
+                    .await?;
+            Ok(Some(Origin {
+                scope: row.get("scope"),
+                parent_key: row.get("parent_key"),
+                step: row.get("step"),
+            }))
         }
     }
 
     impl OutboxStore for Sqlite {
-        fn claim<'a>(
+        async fn claim<'a>(
             pool: &'a Pool<Self>,
             sinks: &'a [String],
             owner: &'a str,
             lease: Duration,
             batch: u32,
-        ) -> impl Future<Output = Result<Vec<Claimed>, sqlx::Error>> + Send + 'a {
-            async move {
-                let conn = pool.acquire().await?;
-                let mut tx = Transaction::begin(conn, Some("BEGIN IMMEDIATE".into())).await?;
-                let now = now_ms();
-                let rows = sqlx::query(
-                    "UPDATE idem_outbox SET lease_until = ?1 + ?2, lease_owner = ?3, \
-                     lease_token = lease_token + 1, attempts = attempts + 1 \
-                     WHERE id IN (SELECT o.id FROM idem_outbox o \
-                       WHERE o.state = 'pending' AND o.available_at <= ?1 \
-                         AND (o.lease_until IS NULL OR o.lease_until <= ?1) \
-                         AND o.sink IN (SELECT value FROM json_each(?4)) \
-                         AND (o.ordering_key IS NULL OR NOT EXISTS (SELECT 1 FROM idem_outbox p \
-                           WHERE p.ordering_key = o.ordering_key AND p.state <> 'sent' AND p.id < o.id)) \
-                       ORDER BY o.id LIMIT ?5) \
-                     RETURNING id, lease_token, max_attempts, sink, message_id, step, destination, \
-                       ordering_key, headers, content_type, payload, attempts",
-                )
-                .bind(now)
-                .bind(millis(lease))
-                .bind(owner)
-                .bind(serde_json::to_string(sinks).expect("names serialize"))
-                .bind(i64::from(batch))
-                .fetch_all(&mut *tx)
-                .await?;
-                tx.commit().await?;
-                let mut claimed: Vec<Claimed> = rows.iter().map(claimed_from_row).collect();
-                claimed.sort_by_key(|c| c.row);
-                Ok(claimed)
-            }
+        ) -> Result<Vec<Claimed>, sqlx::Error> {
+            let conn = pool.acquire().await?;
+            let mut tx = Transaction::begin(conn, Some("BEGIN IMMEDIATE".into())).await?;
+            let now = now_ms();
+            let rows = sqlx::query(
+                "UPDATE idem_outbox SET lease_until = ?1 + ?2, lease_owner = ?3, \
+                 lease_token = lease_token + 1, attempts = attempts + 1 \
+                 WHERE id IN (SELECT o.id FROM idem_outbox o \
+                   WHERE o.state = 'pending' AND o.available_at <= ?1 \
+                     AND (o.lease_until IS NULL OR o.lease_until <= ?1) \
+                     AND o.sink IN (SELECT value FROM json_each(?4)) \
+                     AND (o.ordering_key IS NULL OR NOT EXISTS (SELECT 1 FROM idem_outbox p \
+                       WHERE p.ordering_key = o.ordering_key AND p.state <> 'sent' AND p.id < o.id)) \
+                   ORDER BY o.id LIMIT ?5) \
+                 RETURNING id, lease_token, max_attempts, sink, message_id, step, destination, \
+                   ordering_key, headers, content_type, payload, attempts",
+            )
+            .bind(now)
+            .bind(millis(lease))
+            .bind(owner)
+            .bind(serde_json::to_string(sinks).expect("names serialize"))
+            .bind(i64::from(batch))
+            .fetch_all(&mut *tx)
+            .await?;
+            tx.commit().await?;
+            let mut claimed: Vec<Claimed> = rows.iter().map(claimed_from_row).collect();
+            claimed.sort_by_key(|c| c.row);
+            Ok(claimed)
         }
 
-        fn settle<'a>(
+        async fn settle<'a>(
             pool: &'a Pool<Self>,
             row: i64,
             token: i64,
             settlement: &'a Settlement,
-        ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'a {
-            async move {
-                let now = now_ms();
-                let query = match settlement {
-                    Settlement::Sent { receipt } => sqlx::query(
-                        "UPDATE idem_outbox SET state = 'sent', sent_at = ?3, receipt = ?4, \
-                         lease_until = NULL, lease_owner = NULL \
-                         WHERE id = ?1 AND lease_token = ?2 AND state = 'pending'",
-                    )
-                    .bind(row)
-                    .bind(token)
-                    .bind(now)
-                    .bind(receipt.as_deref()),
-                    Settlement::Retry { after, error } => sqlx::query(
-                        "UPDATE idem_outbox SET available_at = ?3, last_error = ?4, \
-                         lease_until = NULL, lease_owner = NULL \
-                         WHERE id = ?1 AND lease_token = ?2 AND state = 'pending'",
-                    )
-                    .bind(row)
-                    .bind(token)
-                    .bind(now.saturating_add(millis(*after)))
-                    .bind(error.as_str()),
-                    Settlement::Dead { error } => sqlx::query(
-                        "UPDATE idem_outbox SET state = 'dead', last_error = ?3, \
-                         lease_until = NULL, lease_owner = NULL \
-                         WHERE id = ?1 AND lease_token = ?2 AND state = 'pending'",
-                    )
-                    .bind(row)
-                    .bind(token)
-                    .bind(error.as_str()),
-                };
-                let done = query.execute(pool).await?;
-                Ok(done.rows_affected() == 1)
-            }
-        }
-
-        fn release<'a>(
-            pool: &'a Pool<Self>,
-            owner: &'a str,
-        ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send + 'a {
-            async move {
-                let done = sqlx::query(
-                    "UPDATE idem_outbox SET lease_until = NULL, lease_owner = NULL, \
-                     attempts = max(attempts - 1, 0) \
-                     WHERE lease_owner = ? AND state = 'pending' AND lease_until > ?",
+        ) -> Result<bool, sqlx::Error> {
+            let now = now_ms();
+            let query = match settlement {
+                Settlement::Sent { receipt } => sqlx::query(
+                    "UPDATE idem_outbox SET state = 'sent', sent_at = ?3, receipt = ?4, \
+                     lease_until = NULL, lease_owner = NULL \
+                     WHERE id = ?1 AND lease_token = ?2 AND state = 'pending'",
                 )
-                .bind(owner)
-                .bind(now_ms())
-                .execute(pool)
-                .await?;
-                Ok(done.rows_affected())
-            }
+                .bind(row)
+                .bind(token)
+                .bind(now)
+                .bind(receipt.as_deref()),
+                Settlement::Retry { after, error } => sqlx::query(
+                    "UPDATE idem_outbox SET available_at = ?3, last_error = ?4, \
+                     lease_until = NULL, lease_owner = NULL \
+                     WHERE id = ?1 AND lease_token = ?2 AND state = 'pending'",
+                )
+                .bind(row)
+                .bind(token)
+                .bind(now.saturating_add(millis(*after)))
+                .bind(error.as_str()),
+                Settlement::Dead { error } => sqlx::query(
+                    "UPDATE idem_outbox SET state = 'dead', last_error = ?3, \
+                     lease_until = NULL, lease_owner = NULL \
+                     WHERE id = ?1 AND lease_token = ?2 AND state = 'pending'",
+                )
+                .bind(row)
+                .bind(token)
+                .bind(error.as_str()),
+            };
+            let done = query.execute(pool).await?;
+            Ok(done.rows_affected() == 1)
         }
 
-        fn requeue<'a>(
+        async fn release<'a>(pool: &'a Pool<Self>, owner: &'a str) -> Result<u64, sqlx::Error> {
+            let done = sqlx::query(
+                "UPDATE idem_outbox SET lease_until = NULL, lease_owner = NULL, \
+                 attempts = max(attempts - 1, 0) \
+                 WHERE lease_owner = ? AND state = 'pending' AND lease_until > ?",
+            )
+            .bind(owner)
+            .bind(now_ms())
+            .execute(pool)
+            .await?;
+            Ok(done.rows_affected())
+        }
+
+        async fn requeue<'a>(
             pool: &'a Pool<Self>,
             message_id: &'a str,
-        ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'a {
-            async move {
-                let done = sqlx::query(
-                    "UPDATE idem_outbox SET state = 'pending', attempts = 0, available_at = ?, \
-                     lease_until = NULL, lease_owner = NULL WHERE message_id = ? AND state = 'dead'",
-                )
-                .bind(now_ms())
-                .bind(message_id)
-                .execute(pool)
-                .await?;
-                Ok(done.rows_affected() == 1)
-            }
+        ) -> Result<bool, sqlx::Error> {
+            let done = sqlx::query(
+                "UPDATE idem_outbox SET state = 'pending', attempts = 0, available_at = ?, \
+                 lease_until = NULL, lease_owner = NULL WHERE message_id = ? AND state = 'dead'",
+            )
+            .bind(now_ms())
+            .bind(message_id)
+            .execute(pool)
+            .await?;
+            Ok(done.rows_affected() == 1)
         }
 
-        fn skip<'a>(
+        async fn skip<'a>(pool: &'a Pool<Self>, message_id: &'a str) -> Result<bool, sqlx::Error> {
+            // Bumping the token fences a relay that holds the row right now.
+            let done = sqlx::query(
+                "UPDATE idem_outbox SET state = 'sent', receipt = 'skipped', sent_at = ?, \
+                 lease_until = NULL, lease_owner = NULL, lease_token = lease_token + 1 \
+                 WHERE message_id = ? AND state <> 'sent'",
+            )
+            .bind(now_ms())
+            .bind(message_id)
+            .execute(pool)
+            .await?;
+            Ok(done.rows_affected() == 1)
+        }
+
+        async fn entry<'a>(
             pool: &'a Pool<Self>,
             message_id: &'a str,
-        ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'a {
-            async move {
-                // Bumping the token fences a relay that holds the row right now.
-                let done = sqlx::query(
-                    "UPDATE idem_outbox SET state = 'sent', receipt = 'skipped', sent_at = ?, \
-                     lease_until = NULL, lease_owner = NULL, lease_token = lease_token + 1 \
-                     WHERE message_id = ? AND state <> 'sent'",
-                )
-                .bind(now_ms())
-                .bind(message_id)
-                .execute(pool)
-                .await?;
-                Ok(done.rows_affected() == 1)
-            }
+        ) -> Result<Option<OutboxEntry>, sqlx::Error> {
+            let row = sqlx::query(concat!(
+                "SELECT ",
+                entry_columns!(),
+                " FROM idem_outbox WHERE message_id = ?"
+            ))
+            .bind(message_id)
+            .fetch_optional(pool)
+            .await?;
+            Ok(row.as_ref().map(entry_from_row))
         }
 
-        fn entry<'a>(
-            pool: &'a Pool<Self>,
-            message_id: &'a str,
-        ) -> impl Future<Output = Result<Option<OutboxEntry>, sqlx::Error>> + Send + 'a {
-            async move {
-                let row = sqlx::query(concat!(
-                    "SELECT ",
-                    entry_columns!(),
-                    " FROM idem_outbox WHERE message_id = ?"
-                ))
-                .bind(message_id)
-                .fetch_optional(pool)
-                .await?;
-                Ok(row.as_ref().map(entry_from_row))
-            }
-        }
-
-        fn entries_for<'a>(
+        async fn entries_for<'a>(
             pool: &'a Pool<Self>,
             scope: &'a str,
             parent_key: &'a str,
-        ) -> impl Future<Output = Result<Vec<OutboxEntry>, sqlx::Error>> + Send + 'a {
-            async move {
-                let rows = sqlx::query(concat!(
-                    "SELECT ",
-                    entry_columns!(),
-                    " FROM idem_outbox WHERE scope = ? AND parent_key = ? ORDER BY id"
-                ))
-                .bind(scope)
-                .bind(parent_key)
-                .fetch_all(pool)
-                .await?;
-                Ok(rows.iter().map(entry_from_row).collect())
-            }
+        ) -> Result<Vec<OutboxEntry>, sqlx::Error> {
+            let rows = sqlx::query(concat!(
+                "SELECT ",
+                entry_columns!(),
+                " FROM idem_outbox WHERE scope = ? AND parent_key = ? ORDER BY id"
+            ))
+            .bind(scope)
+            .bind(parent_key)
+            .fetch_all(pool)
+            .await?;
+            Ok(rows.iter().map(entry_from_row).collect())
         }
 
-        fn dead(
-            pool: &Pool<Self>,
-            limit: u32,
-        ) -> impl Future<Output = Result<Vec<OutboxEntry>, sqlx::Error>> + Send + '_ {
-            async move {
-                let rows = sqlx::query(concat!(
-                    "SELECT ",
-                    entry_columns!(),
-                    " FROM idem_outbox WHERE state = 'dead' ORDER BY id LIMIT ?"
-                ))
-                .bind(i64::from(limit))
-                .fetch_all(pool)
-                .await?;
-                Ok(rows.iter().map(entry_from_row).collect())
-            }
+        async fn dead(pool: &Pool<Self>, limit: u32) -> Result<Vec<OutboxEntry>, sqlx::Error> {
+            let rows = sqlx::query(concat!(
+                "SELECT ",
+                entry_columns!(),
+                " FROM idem_outbox WHERE state = 'dead' ORDER BY id LIMIT ?"
+            ))
+            .bind(i64::from(limit))
+            .fetch_all(pool)
+            .await?;
+            Ok(rows.iter().map(entry_from_row).collect())
         }
 
-        fn backlog(pool: &Pool<Self>) -> impl Future<Output = Result<Backlog, sqlx::Error>> + Send + '_ {
-            async move {
-                let row = sqlx::query(
-                    "SELECT coalesce(sum(state = 'pending'), 0) AS pending, \
-                     coalesce(sum(state = 'dead'), 0) AS dead FROM idem_outbox WHERE state <> 'sent'",
-                )
-                .fetch_one(pool)
-                .await?;
-                Ok(Backlog {
-                    pending: row.get::<i64, _>("pending").max(0) as u64,
-                    dead: row.get::<i64, _>("dead").max(0) as u64,
-                })
-            }
+        async fn backlog(pool: &Pool<Self>) -> Result<Backlog, sqlx::Error> {
+            let row = sqlx::query(
+                "SELECT coalesce(sum(state = 'pending'), 0) AS pending, \
+                 coalesce(sum(state = 'dead'), 0) AS dead FROM idem_outbox WHERE state <> 'sent'",
+            )
+            .fetch_one(pool)
+            .await?;
+            Ok(Backlog {
+                pending: row.get::<i64, _>("pending").max(0) as u64,
+                dead: row.get::<i64, _>("dead").max(0) as u64,
+            })
         }
 
-        fn purge_sent(
+        async fn purge_sent(
             pool: &Pool<Self>,
             retention: Duration,
             batch: u32,
-        ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send + '_ {
-            async move {
-                let done = sqlx::query(
-                    "DELETE FROM idem_outbox WHERE id IN (SELECT id FROM idem_outbox \
-                     WHERE state = 'sent' AND sent_at < ? ORDER BY sent_at LIMIT ?)",
-                )
-                .bind(now_ms().saturating_sub(millis(retention)))
-                .bind(i64::from(batch))
-                .execute(pool)
-                .await?;
-                Ok(done.rows_affected())
-            }
+        ) -> Result<u64, sqlx::Error> {
+            let done = sqlx::query(
+                "DELETE FROM idem_outbox WHERE id IN (SELECT id FROM idem_outbox \
+                 WHERE state = 'sent' AND sent_at < ? ORDER BY sent_at LIMIT ?)",
+            )
+            .bind(now_ms().saturating_sub(millis(retention)))
+            .bind(i64::from(batch))
+            .execute(pool)
+            .await?;
+            Ok(done.rows_affected())
         }
     }
 }
@@ -590,47 +559,45 @@ mod postgres {
     }
 
     impl OutboxConnection for PgConnection {
-        fn insert_message<'a>(
+        async fn insert_message<'a>(
             &'a mut self,
             id: &'a str,
             step: &'static str,
             message: &'a Message,
-        ) -> impl Future<Output = Result<Option<Origin>, sqlx::Error>> + Send + 'a {
-            async move {
-                let done = sqlx::query(
-                    "INSERT INTO idem_outbox (message_id, scope, parent_key, step, sink, destination, \
-                     ordering_key, headers, payload, content_type, max_attempts) \
-                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8::jsonb, $9, $10, $11) \
-                     ON CONFLICT (message_id) DO NOTHING",
-                )
-                .bind(id)
-                .bind(&message.scope)
-                .bind(message.parent_key.as_deref())
-                .bind(step)
-                .bind(&message.sink)
-                .bind(&message.destination)
-                .bind(message.ordering_key.as_deref())
-                .bind(headers_json(&message.headers))
-                .bind(&message.payload)
-                .bind(&message.content_type)
-                .bind(i32::try_from(message.max_attempts).unwrap_or(i32::MAX))
-                .execute(&mut *self)
-                .await?;
-                if done.rows_affected() == 1 {
-                    return Ok(None);
-                }
-                let row = sqlx::query(
-                    "SELECT scope, parent_key, step FROM idem_outbox WHERE message_id = $1",
-                )
-                .bind(id)
-                .fetch_one(&mut *self)
-                .await?;
-                Ok(Some(Origin {
-                    scope: row.get("scope"),
-                    parent_key: row.get("parent_key"),
-                    step: row.get("step"),
-                }))
+        ) -> Result<Option<Origin>, sqlx::Error> {
+            let done = sqlx::query(
+                "INSERT INTO idem_outbox (message_id, scope, parent_key, step, sink, destination, \
+                 ordering_key, headers, payload, content_type, max_attempts) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8::jsonb, $9, $10, $11) \
+                 ON CONFLICT (message_id) DO NOTHING",
+            )
+            .bind(id)
+            .bind(&message.scope)
+            .bind(message.parent_key.as_deref())
+            .bind(step)
+            .bind(&message.sink)
+            .bind(&message.destination)
+            .bind(message.ordering_key.as_deref())
+            .bind(headers_json(&message.headers))
+            .bind(&message.payload)
+            .bind(&message.content_type)
+            .bind(i32::try_from(message.max_attempts).unwrap_or(i32::MAX))
+            .execute(&mut *self)
+            .await?;
+            if done.rows_affected() == 1 {
+                return Ok(None);
             }
+            let row = sqlx::query(
+                "SELECT scope, parent_key, step FROM idem_outbox WHERE message_id = $1",
+            )
+            .bind(id)
+            .fetch_one(&mut *self)
+            .await?;
+            Ok(Some(Origin {
+                scope: row.get("scope"),
+                parent_key: row.get("parent_key"),
+                step: row.get("step"),
+            }))
         }
     }
 
@@ -639,229 +606,223 @@ mod postgres {
     macro_rules! pg_entry_columns {
         ($prefix:literal) => {
             concat!(
-                $prefix, "message_id, ", $prefix, "scope, ", $prefix, "parent_key, ",
-                $prefix, "step, ", $prefix, "sink, ", $prefix, "destination, ",
-                $prefix, "ordering_key, ", $prefix, "state, ",
-                $prefix, "attempts::int8 AS attempts, ", $prefix, "max_attempts::int8 AS max_attempts, ",
-                $prefix, "last_error, ", $prefix, "receipt, ", $prefix, "content_type, ", $prefix, "payload"
+                $prefix,
+                "message_id, ",
+                $prefix,
+                "scope, ",
+                $prefix,
+                "parent_key, ",
+                $prefix,
+                "step, ",
+                $prefix,
+                "sink, ",
+                $prefix,
+                "destination, ",
+                $prefix,
+                "ordering_key, ",
+                $prefix,
+                "state, ",
+                $prefix,
+                "attempts::int8 AS attempts, ",
+                $prefix,
+                "max_attempts::int8 AS max_attempts, ",
+                $prefix,
+                "last_error, ",
+                $prefix,
+                "receipt, ",
+                $prefix,
+                "content_type, ",
+                $prefix,
+                "payload"
             )
         };
     }
 
     impl OutboxStore for Postgres {
-        fn claim<'a>(
+        async fn claim<'a>(
             pool: &'a Pool<Self>,
             sinks: &'a [String],
             owner: &'a str,
             lease: Duration,
             batch: u32,
-        ) -> impl Future<Output = Result<Vec<Claimed>, sqlx::Error>> + Send + 'a {
-            async move {
-                let rows = sqlx::query(concat!(
-                    "WITH picked AS (SELECT o.id FROM idem_outbox o \
-                       WHERE o.state = 'pending' AND o.available_at <= now() \
-                         AND (o.lease_until IS NULL OR o.lease_until <= now()) \
-                         AND o.sink = ANY($1) \
-                         AND (o.ordering_key IS NULL OR NOT EXISTS (SELECT 1 FROM idem_outbox p \
-                           WHERE p.ordering_key = o.ordering_key AND p.state <> 'sent' AND p.id < o.id)) \
-                       ORDER BY o.id LIMIT $2 FOR UPDATE SKIP LOCKED) \
-                     UPDATE idem_outbox t SET lease_until = now() + ",
-                    ms!("$3"),
-                    ", lease_owner = $4, lease_token = t.lease_token + 1, attempts = t.attempts + 1 \
-                     FROM picked WHERE t.id = picked.id \
-                     RETURNING t.id, t.lease_token, t.max_attempts::int8 AS max_attempts, t.sink, \
-                       t.message_id, t.step, t.destination, t.ordering_key, t.headers::text AS headers, \
-                       t.content_type, t.payload, t.attempts::int8 AS attempts"
-                ))
-                .bind(sinks)
-                .bind(i64::from(batch))
-                .bind(millis(lease) as f64)
-                .bind(owner)
-                .fetch_all(pool)
-                .await?;
-                let mut claimed: Vec<Claimed> = rows.iter().map(claimed_from_row).collect();
-                claimed.sort_by_key(|c| c.row);
-                Ok(claimed)
-            }
+        ) -> Result<Vec<Claimed>, sqlx::Error> {
+            let rows = sqlx::query(concat!(
+                "WITH picked AS (SELECT o.id FROM idem_outbox o \
+                   WHERE o.state = 'pending' AND o.available_at <= now() \
+                     AND (o.lease_until IS NULL OR o.lease_until <= now()) \
+                     AND o.sink = ANY($1) \
+                     AND (o.ordering_key IS NULL OR NOT EXISTS (SELECT 1 FROM idem_outbox p \
+                       WHERE p.ordering_key = o.ordering_key AND p.state <> 'sent' AND p.id < o.id)) \
+                   ORDER BY o.id LIMIT $2 FOR UPDATE SKIP LOCKED) \
+                 UPDATE idem_outbox t SET lease_until = now() + ",
+                ms!("$3"),
+                ", lease_owner = $4, lease_token = t.lease_token + 1, attempts = t.attempts + 1 \
+                 FROM picked WHERE t.id = picked.id \
+                 RETURNING t.id, t.lease_token, t.max_attempts::int8 AS max_attempts, t.sink, \
+                   t.message_id, t.step, t.destination, t.ordering_key, t.headers::text AS headers, \
+                   t.content_type, t.payload, t.attempts::int8 AS attempts"
+            ))
+            .bind(sinks)
+            .bind(i64::from(batch))
+            .bind(millis(lease) as f64)
+            .bind(owner)
+            .fetch_all(pool)
+            .await?;
+            let mut claimed: Vec<Claimed> = rows.iter().map(claimed_from_row).collect();
+            claimed.sort_by_key(|c| c.row);
+            Ok(claimed)
         }
 
-        fn settle<'a>(
+        async fn settle<'a>(
             pool: &'a Pool<Self>,
             row: i64,
             token: i64,
             settlement: &'a Settlement,
-        ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'a {
-            async move {
-                let query = match settlement {
-                    Settlement::Sent { receipt } => sqlx::query(
-                        "UPDATE idem_outbox SET state = 'sent', sent_at = now(), receipt = $3, \
-                         lease_until = NULL, lease_owner = NULL \
-                         WHERE id = $1 AND lease_token = $2 AND state = 'pending'",
-                    )
-                    .bind(row)
-                    .bind(token)
-                    .bind(receipt.as_deref()),
-                    Settlement::Retry { after, error } => sqlx::query(concat!(
-                        "UPDATE idem_outbox SET available_at = now() + ",
-                        ms!("$3"),
-                        ", last_error = $4, lease_until = NULL, lease_owner = NULL \
-                         WHERE id = $1 AND lease_token = $2 AND state = 'pending'"
-                    ))
-                    .bind(row)
-                    .bind(token)
-                    .bind(millis(*after) as f64)
-                    .bind(error.as_str()),
-                    Settlement::Dead { error } => sqlx::query(
-                        "UPDATE idem_outbox SET state = 'dead', last_error = $3, \
-                         lease_until = NULL, lease_owner = NULL \
-                         WHERE id = $1 AND lease_token = $2 AND state = 'pending'",
-                    )
-                    .bind(row)
-                    .bind(token)
-                    .bind(error.as_str()),
-                };
-                let done = query.execute(pool).await?;
-                Ok(done.rows_affected() == 1)
-            }
-        }
-
-        fn release<'a>(
-            pool: &'a Pool<Self>,
-            owner: &'a str,
-        ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send + 'a {
-            async move {
-                let done = sqlx::query(
-                    "UPDATE idem_outbox SET lease_until = NULL, lease_owner = NULL, \
-                     attempts = greatest(attempts - 1, 0) \
-                     WHERE lease_owner = $1 AND state = 'pending' AND lease_until > now()",
+        ) -> Result<bool, sqlx::Error> {
+            let query = match settlement {
+                Settlement::Sent { receipt } => sqlx::query(
+                    "UPDATE idem_outbox SET state = 'sent', sent_at = now(), receipt = $3, \
+                     lease_until = NULL, lease_owner = NULL \
+                     WHERE id = $1 AND lease_token = $2 AND state = 'pending'",
                 )
-                .bind(owner)
-                .execute(pool)
-                .await?;
-                Ok(done.rows_affected())
-            }
-        }
-
-        fn requeue<'a>(
-            pool: &'a Pool<Self>,
-            message_id: &'a str,
-        ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'a {
-            async move {
-                let done = sqlx::query(
-                    "UPDATE idem_outbox SET state = 'pending', attempts = 0, available_at = now(), \
-                     lease_until = NULL, lease_owner = NULL WHERE message_id = $1 AND state = 'dead'",
-                )
-                .bind(message_id)
-                .execute(pool)
-                .await?;
-                Ok(done.rows_affected() == 1)
-            }
-        }
-
-        fn skip<'a>(
-            pool: &'a Pool<Self>,
-            message_id: &'a str,
-        ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'a {
-            async move {
-                // Bumping the token fences a relay that holds the row right now.
-                let done = sqlx::query(
-                    "UPDATE idem_outbox SET state = 'sent', receipt = 'skipped', sent_at = now(), \
-                     lease_until = NULL, lease_owner = NULL, lease_token = lease_token + 1 \
-                     WHERE message_id = $1 AND state <> 'sent'",
-                )
-                .bind(message_id)
-                .execute(pool)
-                .await?;
-                Ok(done.rows_affected() == 1)
-            }
-        }
-
-        fn entry<'a>(
-            pool: &'a Pool<Self>,
-            message_id: &'a str,
-        ) -> impl Future<Output = Result<Option<OutboxEntry>, sqlx::Error>> + Send + 'a {
-            async move {
-                let row = sqlx::query(concat!(
-                    "SELECT ",
-                    pg_entry_columns!(""),
-                    " FROM idem_outbox WHERE message_id = $1"
+                .bind(row)
+                .bind(token)
+                .bind(receipt.as_deref()),
+                Settlement::Retry { after, error } => sqlx::query(concat!(
+                    "UPDATE idem_outbox SET available_at = now() + ",
+                    ms!("$3"),
+                    ", last_error = $4, lease_until = NULL, lease_owner = NULL \
+                     WHERE id = $1 AND lease_token = $2 AND state = 'pending'"
                 ))
-                .bind(message_id)
-                .fetch_optional(pool)
-                .await?;
-                Ok(row.as_ref().map(entry_from_row))
-            }
+                .bind(row)
+                .bind(token)
+                .bind(millis(*after) as f64)
+                .bind(error.as_str()),
+                Settlement::Dead { error } => sqlx::query(
+                    "UPDATE idem_outbox SET state = 'dead', last_error = $3, \
+                     lease_until = NULL, lease_owner = NULL \
+                     WHERE id = $1 AND lease_token = $2 AND state = 'pending'",
+                )
+                .bind(row)
+                .bind(token)
+                .bind(error.as_str()),
+            };
+            let done = query.execute(pool).await?;
+            Ok(done.rows_affected() == 1)
         }
 
-        fn entries_for<'a>(
+        async fn release<'a>(pool: &'a Pool<Self>, owner: &'a str) -> Result<u64, sqlx::Error> {
+            let done = sqlx::query(
+                "UPDATE idem_outbox SET lease_until = NULL, lease_owner = NULL, \
+                 attempts = greatest(attempts - 1, 0) \
+                 WHERE lease_owner = $1 AND state = 'pending' AND lease_until > now()",
+            )
+            .bind(owner)
+            .execute(pool)
+            .await?;
+            Ok(done.rows_affected())
+        }
+
+        async fn requeue<'a>(
+            pool: &'a Pool<Self>,
+            message_id: &'a str,
+        ) -> Result<bool, sqlx::Error> {
+            let done = sqlx::query(
+                "UPDATE idem_outbox SET state = 'pending', attempts = 0, available_at = now(), \
+                 lease_until = NULL, lease_owner = NULL WHERE message_id = $1 AND state = 'dead'",
+            )
+            .bind(message_id)
+            .execute(pool)
+            .await?;
+            Ok(done.rows_affected() == 1)
+        }
+
+        async fn skip<'a>(pool: &'a Pool<Self>, message_id: &'a str) -> Result<bool, sqlx::Error> {
+            // Bumping the token fences a relay that holds the row right now.
+            let done = sqlx::query(
+                "UPDATE idem_outbox SET state = 'sent', receipt = 'skipped', sent_at = now(), \
+                 lease_until = NULL, lease_owner = NULL, lease_token = lease_token + 1 \
+                 WHERE message_id = $1 AND state <> 'sent'",
+            )
+            .bind(message_id)
+            .execute(pool)
+            .await?;
+            Ok(done.rows_affected() == 1)
+        }
+
+        async fn entry<'a>(
+            pool: &'a Pool<Self>,
+            message_id: &'a str,
+        ) -> Result<Option<OutboxEntry>, sqlx::Error> {
+            let row = sqlx::query(concat!(
+                "SELECT ",
+                pg_entry_columns!(""),
+                " FROM idem_outbox WHERE message_id = $1"
+            ))
+            .bind(message_id)
+            .fetch_optional(pool)
+            .await?;
+            Ok(row.as_ref().map(entry_from_row))
+        }
+
+        async fn entries_for<'a>(
             pool: &'a Pool<Self>,
             scope: &'a str,
             parent_key: &'a str,
-        ) -> impl Future<Output = Result<Vec<OutboxEntry>, sqlx::Error>> + Send + 'a {
-            async move {
-                let rows = sqlx::query(concat!(
-                    "SELECT ",
-                    pg_entry_columns!(""),
-                    " FROM idem_outbox WHERE scope = $1 AND parent_key = $2 ORDER BY id"
-                ))
-                .bind(scope)
-                .bind(parent_key)
-                .fetch_all(pool)
-                .await?;
-                Ok(rows.iter().map(entry_from_row).collect())
-            }
+        ) -> Result<Vec<OutboxEntry>, sqlx::Error> {
+            let rows = sqlx::query(concat!(
+                "SELECT ",
+                pg_entry_columns!(""),
+                " FROM idem_outbox WHERE scope = $1 AND parent_key = $2 ORDER BY id"
+            ))
+            .bind(scope)
+            .bind(parent_key)
+            .fetch_all(pool)
+            .await?;
+            Ok(rows.iter().map(entry_from_row).collect())
         }
 
-        fn dead(
-            pool: &Pool<Self>,
-            limit: u32,
-        ) -> impl Future<Output = Result<Vec<OutboxEntry>, sqlx::Error>> + Send + '_ {
-            async move {
-                let rows = sqlx::query(concat!(
-                    "SELECT ",
-                    pg_entry_columns!(""),
-                    " FROM idem_outbox WHERE state = 'dead' ORDER BY id LIMIT $1"
-                ))
-                .bind(i64::from(limit))
-                .fetch_all(pool)
-                .await?;
-                Ok(rows.iter().map(entry_from_row).collect())
-            }
+        async fn dead(pool: &Pool<Self>, limit: u32) -> Result<Vec<OutboxEntry>, sqlx::Error> {
+            let rows = sqlx::query(concat!(
+                "SELECT ",
+                pg_entry_columns!(""),
+                " FROM idem_outbox WHERE state = 'dead' ORDER BY id LIMIT $1"
+            ))
+            .bind(i64::from(limit))
+            .fetch_all(pool)
+            .await?;
+            Ok(rows.iter().map(entry_from_row).collect())
         }
 
-        fn backlog(pool: &Pool<Self>) -> impl Future<Output = Result<Backlog, sqlx::Error>> + Send + '_ {
-            async move {
-                let row = sqlx::query(
-                    "SELECT count(*) FILTER (WHERE state = 'pending') AS pending, \
-                     count(*) FILTER (WHERE state = 'dead') AS dead FROM idem_outbox WHERE state <> 'sent'",
-                )
-                .fetch_one(pool)
-                .await?;
-                Ok(Backlog {
-                    pending: row.get::<i64, _>("pending").max(0) as u64,
-                    dead: row.get::<i64, _>("dead").max(0) as u64,
-                })
-            }
+        async fn backlog(pool: &Pool<Self>) -> Result<Backlog, sqlx::Error> {
+            let row = sqlx::query(
+                "SELECT count(*) FILTER (WHERE state = 'pending') AS pending, \
+                 count(*) FILTER (WHERE state = 'dead') AS dead FROM idem_outbox WHERE state <> 'sent'",
+            )
+            .fetch_one(pool)
+            .await?;
+            Ok(Backlog {
+                pending: row.get::<i64, _>("pending").max(0) as u64,
+                dead: row.get::<i64, _>("dead").max(0) as u64,
+            })
         }
 
-        fn purge_sent(
+        async fn purge_sent(
             pool: &Pool<Self>,
             retention: Duration,
             batch: u32,
-        ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send + '_ {
-            async move {
-                let done = sqlx::query(concat!(
-                    "DELETE FROM idem_outbox WHERE id IN (SELECT id FROM idem_outbox \
-                     WHERE state = 'sent' AND sent_at < now() - ",
-                    ms!("$1"),
-                    " ORDER BY sent_at LIMIT $2)"
-                ))
-                .bind(millis(retention) as f64)
-                .bind(i64::from(batch))
-                .execute(pool)
-                .await?;
-                Ok(done.rows_affected())
-            }
+        ) -> Result<u64, sqlx::Error> {
+            let done = sqlx::query(concat!(
+                "DELETE FROM idem_outbox WHERE id IN (SELECT id FROM idem_outbox \
+                 WHERE state = 'sent' AND sent_at < now() - ",
+                ms!("$1"),
+                " ORDER BY sent_at LIMIT $2)"
+            ))
+            .bind(millis(retention) as f64)
+            .bind(i64::from(batch))
+            .execute(pool)
+            .await?;
+            Ok(done.rows_affected())
         }
     }
 }

@@ -75,9 +75,7 @@ impl WebhookSink {
             });
         }
         let timestamp = unix_now();
-        let signature = self
-            .secret
-            .sign(&message.id, timestamp, &message.payload);
+        let signature = self.secret.sign(&message.id, timestamp, &message.payload);
         let mut request = self
             .client
             .post(&message.destination)
