@@ -385,3 +385,56 @@ pub async fn purge_sent<DB: OutboxStore>(
 ) -> Result<u64, OutboxError> {
     Ok(DB::purge_sent(pool, retention, batch).await?)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const NOTIFY: Step = Step::new("notify.v1");
+
+    #[test]
+    fn a_message_needs_an_id_a_destination_and_attempts() {
+        let key = IdempotencyKey::new("order-1").unwrap();
+        let no_id = Message::webhook("http://127.0.0.1:1/hooks");
+        assert!(matches!(no_id.validate(), Err(OutboxError::Invalid(_))));
+        let ok = no_id.clone().for_step(&key, NOTIFY);
+        assert_eq!(
+            ok.validate().unwrap(),
+            (
+                crate::child_key("order-1", "notify.v1").as_str(),
+                "notify.v1"
+            )
+        );
+        let no_destination = Message::to("events", "").with_id("m-1", NOTIFY);
+        assert!(matches!(
+            no_destination.validate(),
+            Err(OutboxError::Invalid(_))
+        ));
+        let no_attempts = ok.clone().max_attempts(0);
+        assert!(matches!(
+            no_attempts.validate(),
+            Err(OutboxError::Invalid(_))
+        ));
+        let long_id = Message::to("events", "x").with_id("x".repeat(MAX_ID_LEN + 1), NOTIFY);
+        assert!(matches!(long_id.validate(), Err(OutboxError::Invalid(_))));
+    }
+
+    #[test]
+    fn an_explicit_id_has_no_parent() {
+        let key = IdempotencyKey::new("order-1").unwrap();
+        let message = Message::to("events", "x")
+            .for_step(&key, NOTIFY)
+            .with_id("m-1", NOTIFY);
+        assert_eq!(message.id(), Some("m-1"));
+        assert_eq!(message.parent_key, None);
+    }
+
+    #[test]
+    fn json_sets_the_payload_and_its_type() {
+        let message = Message::to("events", "x")
+            .json(&serde_json::json!({"a": 1}))
+            .unwrap();
+        assert_eq!(message.payload, br#"{"a":1}"#);
+        assert_eq!(message.content_type, "application/json");
+    }
+}

@@ -690,3 +690,42 @@ async fn settle<DB: OutboxStore>(
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn full_jitter_stays_under_the_capped_ceiling() {
+        let backoff = Backoff {
+            base: Duration::from_millis(100),
+            cap: Duration::from_secs(2),
+        };
+        assert_eq!(backoff.ceiling(1), Duration::from_millis(100));
+        assert_eq!(backoff.ceiling(3), Duration::from_millis(400));
+        assert_eq!(backoff.ceiling(6), Duration::from_secs(2));
+        assert_eq!(backoff.ceiling(u32::MAX), Duration::from_secs(2));
+        let delays: Vec<Duration> = (0..200).map(|_| backoff.delay(3)).collect();
+        assert!(delays.iter().all(|d| *d <= Duration::from_millis(400)));
+        // Spread out, not all at the ceiling.
+        assert!(delays.iter().any(|d| *d < Duration::from_millis(200)));
+        assert!(delays.iter().any(|d| *d > Duration::from_millis(200)));
+    }
+
+    #[test]
+    fn the_horizon_covers_every_wait_and_lease() {
+        let backoff = Backoff {
+            base: Duration::from_secs(1),
+            cap: Duration::from_secs(4),
+        };
+        // Waits after attempts 1..4: 1 + 2 + 4 + 4; leases: 5 × 10.
+        assert_eq!(
+            backoff.horizon(5, Duration::from_secs(10)),
+            Duration::from_secs(61)
+        );
+        assert_eq!(
+            backoff.horizon(1, Duration::from_secs(10)),
+            Duration::from_secs(10)
+        );
+    }
+}
