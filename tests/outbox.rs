@@ -303,15 +303,92 @@ async fn child_relay<DB: OutboxStore>(
     lease: Duration,
     fault: Option<RelayFault>,
 ) {
-    let handle = relay(&engine, lease).fault(fault).spawn().await.unwrap();
-    wait_for(
-        "the child relay to drain the outbox",
-        Duration::from_secs(60),
-        async || drained(&engine).await,
-    )
-    .await;
+    let env = |name: &str| std::env::var(name).ok();
+    let poll = env("IDEM_RELAY_CHILD_POLL_MS").map_or(50, |ms| ms.parse().unwrap());
+    let handle = relay(&engine, lease)
+        .poll_interval(Duration::from_millis(poll))
+        .listen(env("IDEM_RELAY_CHILD_LISTEN").is_some())
+        .fault(fault)
+        .spawn()
+        .await
+        .unwrap();
+    if let Some(expect) = env("IDEM_RELAY_CHILD_EXPECT") {
+        // Past the first round and listening: tell the parent.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        println!("relay ready");
+        let expect: u64 = expect.parse().unwrap();
+        wait_for(
+            "the expected deliveries",
+            Duration::from_secs(60),
+            async || {
+                let stats = handle.stats();
+                stats.published + stats.duplicates >= expect
+            },
+        )
+        .await;
+    } else {
+        wait_for(
+            "the child relay to drain the outbox",
+            Duration::from_secs(60),
+            async || drained(&engine).await,
+        )
+        .await;
+    }
     let stats = handle.shutdown().await;
     println!("child relay stats: {stats:?}");
+}
+
+/// A relay in another process, polling only every 30 s, wakes on the
+/// enqueue's `NOTIFY` as soon as it commits.
+#[tokio::test]
+async fn postgres_relay_in_another_process_wakes_on_notify() {
+    use std::io::BufRead;
+    let (url, engine) = postgres().await;
+    let receiver = Receiver::start().await;
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "relay_child_entry",
+            "--include-ignored",
+            "--nocapture",
+        ])
+        .env("IDEM_RELAY_CHILD_URL", &url)
+        .env("IDEM_RELAY_CHILD_LEASE_MS", "10000")
+        .env("IDEM_RELAY_CHILD_POLL_MS", "30000")
+        .env("IDEM_RELAY_CHILD_LISTEN", "1")
+        .env("IDEM_RELAY_CHILD_EXPECT", "1")
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let lines = tokio::task::spawn_blocking(move || {
+        let mut lines = std::io::BufReader::new(stdout).lines();
+        for line in lines.by_ref() {
+            if line.unwrap().contains("relay ready") {
+                break;
+            }
+        }
+        lines
+    })
+    .await
+    .unwrap();
+    outbox::notify_other_processes(true);
+    let enqueued = Instant::now();
+    place(&engine, "order-notify", event(&receiver, "order-notify", 1)).await;
+    let status = tokio::task::spawn_blocking(move || {
+        let status = child.wait().unwrap();
+        drop(lines);
+        status
+    })
+    .await
+    .unwrap();
+    assert!(status.success(), "{status:?}");
+    assert!(
+        enqueued.elapsed() < Duration::from_secs(15),
+        "woken by NOTIFY, not the 30 s poll: {:?}",
+        enqueued.elapsed()
+    );
+    assert_eq!((receiver.deliveries(), receiver.effects()), (1, 1));
 }
 
 // ---------------------------------------------------------------------------

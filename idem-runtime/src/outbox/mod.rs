@@ -45,7 +45,7 @@ mod store;
 #[cfg(feature = "webhook")]
 mod webhook;
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use sqlx::Pool;
@@ -279,6 +279,44 @@ static ENQUEUES: AtomicU64 = AtomicU64::new(0);
 fn wake_relays() {
     ENQUEUES.fetch_add(1, Ordering::Release);
     WAKE.notify_waiters();
+}
+
+/// The Postgres channel enqueues notify and relays listen on
+/// ([`notify_other_processes`], [`Relay::listen`]).
+pub const NOTIFY_CHANNEL: &str = "idem_outbox";
+
+static NOTIFY_POSTGRES: AtomicBool = AtomicBool::new(false);
+static LAST_NOTIFY_MS: AtomicU64 = AtomicU64::new(0);
+/// Enqueues from one process send at most one notification per this period.
+const NOTIFY_EVERY_MS: u64 = 100;
+
+/// Makes [`enqueue`] on Postgres also send `NOTIFY idem_outbox` in the
+/// enqueuing transaction, so relays in other processes started with
+/// [`Relay::listen`] wake as soon as it commits (Postgres delivers a
+/// notification at commit, and drops it on rollback). Coalesced: at most one
+/// notification per 100 ms from this process; a relay woken by one looks
+/// again over the next half second, and polls as ever after that. Off by
+/// default, since every notifying commit briefly takes Postgres' global
+/// notification lock. No effect on SQLite, whose relays poll.
+pub fn notify_other_processes(on: bool) {
+    NOTIFY_POSTGRES.store(on, Ordering::Relaxed);
+}
+
+/// Whether this enqueue should notify: enabled, and the period since the
+/// last notification has passed.
+fn should_notify() -> bool {
+    if !NOTIFY_POSTGRES.load(Ordering::Relaxed) {
+        return false;
+    }
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|elapsed| elapsed.as_millis() as u64)
+        .unwrap_or(0);
+    let last = LAST_NOTIFY_MS.load(Ordering::Relaxed);
+    now.saturating_sub(last) >= NOTIFY_EVERY_MS
+        && LAST_NOTIFY_MS
+            .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
 }
 
 /// Writes `message` to the outbox on `conn`: inside a claim, pass the claim's

@@ -19,7 +19,8 @@
 //! in it; the relay then looks again a few times over the next half second,
 //! so it finds the message as soon as the enqueuing transaction commits.
 //! Messages enqueued by other processes are found by polling
-//! ([`Relay::poll_interval`], 1 s by default).
+//! ([`Relay::poll_interval`], 1 s by default) or, on Postgres, woken by
+//! `NOTIFY` ([`Relay::listen`], [`notify_other_processes`](super::notify_other_processes)).
 
 use std::collections::HashMap;
 use std::fmt;
@@ -252,6 +253,7 @@ pub struct Relay<DB: OutboxStore> {
     purge_batch: u32,
     owner: String,
     fault: Option<RelayFault>,
+    listen: bool,
     counters: Arc<Counters>,
 }
 
@@ -291,6 +293,7 @@ impl<DB: OutboxStore> Relay<DB> {
             purge_batch: 1000,
             owner: format!("{}-{:08x}", std::process::id(), fastrand::u32(..)),
             fault: None,
+            listen: false,
             counters: Arc::default(),
         }
     }
@@ -368,6 +371,16 @@ impl<DB: OutboxStore> Relay<DB> {
         self
     }
 
+    /// On Postgres, also wakes on `NOTIFY idem_outbox`, which enqueues in
+    /// other processes send when they call
+    /// [`notify_other_processes`](super::notify_other_processes)`(true)`
+    /// (one listening connection per relay, reconnected on loss). Polling
+    /// stays the fallback. No effect on SQLite.
+    pub fn listen(mut self, on: bool) -> Self {
+        self.listen = on;
+        self
+    }
+
     /// Arms a fault point (only in a build with the `faults` feature).
     pub fn fault(mut self, fault: Option<RelayFault>) -> Self {
         self.fault = fault;
@@ -421,12 +434,28 @@ impl<DB: OutboxStore> Relay<DB> {
             relay: Arc::new(self),
         };
         let owner = worker.relay.owner.clone();
+        let listener = worker.relay.listen.then(|| {
+            let pool = worker.relay.pool.clone();
+            let retry = worker.relay.poll_interval;
+            tokio::spawn(async move {
+                loop {
+                    match DB::listen(&pool).await {
+                        Ok(()) => return,
+                        Err(error) => {
+                            tracing::warn!(%error, "the outbox relay's listener failed; listening again");
+                            tokio::time::sleep(retry).await;
+                        }
+                    }
+                }
+            })
+        });
         let task = tokio::spawn(worker.run(stopped));
         Ok(RelayHandle {
             owner,
             counters,
             stop,
             task,
+            listener,
         })
     }
 
@@ -452,6 +481,7 @@ pub struct RelayHandle {
     counters: Arc<Counters>,
     stop: watch::Sender<bool>,
     task: JoinHandle<()>,
+    listener: Option<JoinHandle<()>>,
 }
 
 impl RelayHandle {
@@ -476,6 +506,9 @@ impl RelayHandle {
     /// released, and the task ends. Returns the final counters.
     pub async fn shutdown(self) -> RelayStats {
         let _ = self.stop.send(true);
+        if let Some(listener) = &self.listener {
+            listener.abort();
+        }
         if let Err(error) = self.task.await {
             tracing::warn!(%error, "the outbox relay task ended abnormally");
         }

@@ -202,6 +202,12 @@ pub trait OutboxStore: Backend {
     fn backlog(pool: &Pool<Self>)
         -> impl Future<Output = Result<Backlog, sqlx::Error>> + Send + '_;
 
+    /// Wakes this process's relays on each notification of
+    /// [`NOTIFY_CHANNEL`](super::NOTIFY_CHANNEL) until an error; returns
+    /// `Ok` at once where the backend has no notifications.
+    #[doc(hidden)]
+    fn listen(pool: &Pool<Self>) -> impl Future<Output = Result<(), sqlx::Error>> + Send + '_;
+
     /// Deletes up to `batch` sent rows older than `retention`.
     #[doc(hidden)]
     fn purge_sent(
@@ -512,6 +518,10 @@ mod sqlite {
             Ok(rows.iter().map(entry_from_row).collect())
         }
 
+        async fn listen(_pool: &Pool<Self>) -> Result<(), sqlx::Error> {
+            Ok(())
+        }
+
         async fn backlog(pool: &Pool<Self>) -> Result<Backlog, sqlx::Error> {
             let row = sqlx::query(
                 "SELECT coalesce(sum(state = 'pending'), 0) AS pending, \
@@ -585,6 +595,13 @@ mod postgres {
             .execute(&mut *self)
             .await?;
             if done.rows_affected() == 1 {
+                if super::super::should_notify() {
+                    // Delivered by Postgres at commit, dropped on rollback.
+                    sqlx::query("SELECT pg_notify($1, '')")
+                        .bind(super::super::NOTIFY_CHANNEL)
+                        .execute(&mut *self)
+                        .await?;
+                }
                 return Ok(None);
             }
             let row = sqlx::query(
@@ -792,6 +809,15 @@ mod postgres {
             .fetch_all(pool)
             .await?;
             Ok(rows.iter().map(entry_from_row).collect())
+        }
+
+        async fn listen(pool: &Pool<Self>) -> Result<(), sqlx::Error> {
+            let mut listener = sqlx::postgres::PgListener::connect_with(pool).await?;
+            listener.listen(super::super::NOTIFY_CHANNEL).await?;
+            loop {
+                listener.recv().await?;
+                super::super::wake_relays();
+            }
         }
 
         async fn backlog(pool: &Pool<Self>) -> Result<Backlog, sqlx::Error> {
