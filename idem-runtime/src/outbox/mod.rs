@@ -286,8 +286,10 @@ fn wake_relays() {
 pub const NOTIFY_CHANNEL: &str = "idem_outbox";
 
 static NOTIFY_POSTGRES: AtomicBool = AtomicBool::new(false);
+#[cfg(feature = "postgres")]
 static LAST_NOTIFY_MS: AtomicU64 = AtomicU64::new(0);
 /// Enqueues from one process send at most one notification per this period.
+#[cfg(feature = "postgres")]
 const NOTIFY_EVERY_MS: u64 = 100;
 
 /// Makes [`enqueue`] on Postgres also send `NOTIFY idem_outbox` in the
@@ -304,6 +306,7 @@ pub fn notify_other_processes(on: bool) {
 
 /// Whether this enqueue should notify: enabled, and the period since the
 /// last notification has passed.
+#[cfg(feature = "postgres")]
 fn should_notify() -> bool {
     if !NOTIFY_POSTGRES.load(Ordering::Relaxed) {
         return false;

@@ -234,6 +234,7 @@ fn millis(duration: Duration) -> i64 {
 }
 
 /// The columns the operator views read, in [`entry_from_row`]'s order.
+#[cfg(feature = "sqlite")]
 macro_rules! entry_columns {
     () => {
         "message_id, scope, parent_key, step, sink, destination, ordering_key, state, \
