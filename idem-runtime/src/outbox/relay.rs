@@ -1,0 +1,764 @@
+//! The relay: a tokio task that publishes committed outbox messages.
+//!
+//! Each round it leases a batch of due messages (see the store module for
+//! how several relays share one database), publishes each through its sink
+//! outside any transaction, bounded by a timeout shorter than the lease, and
+//! then settles each row under the lease token it claimed with:
+//!
+//! | sink says | row becomes |
+//! |---|---|
+//! | [`Delivered::Published`] / [`Delivered::Duplicate`] | `sent` |
+//! | [`SinkError::Transient`], a timeout, attempts left | `pending`, due after a backoff (full jitter, capped; `Retry-After` honoured up to the cap) |
+//! | [`SinkError::Transient`], a timeout, no attempts left | `dead` |
+//! | [`SinkError::Permanent`] | `dead` |
+//!
+//! A settle that finds another token on the row changes nothing and counts
+//! as fenced: this relay's lease expired and another relay owns the message.
+//!
+//! Wake-up: an [`enqueue`](super::enqueue) in this process wakes every relay
+//! in it; the relay then looks again a few times over the next half second,
+//! so it finds the message as soon as the enqueuing transaction commits.
+//! Messages enqueued by other processes are found by polling
+//! ([`Relay::poll_interval`], 1 s by default) or, on Postgres, woken by
+//! `NOTIFY` ([`Relay::listen`], [`notify_other_processes`](super::notify_other_processes)).
+
+use std::collections::HashMap;
+use std::fmt;
+use std::str::FromStr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use sqlx::Pool;
+use tokio::sync::watch;
+use tokio::task::{JoinHandle, JoinSet};
+
+use super::sink::{Delivered, Sink, SinkError};
+use super::store::{Claimed, OutboxStore, Settlement};
+use super::{DEFAULT_MAX_ATTEMPTS, ENQUEUES, WAKE};
+use crate::engine::Engine;
+
+/// How long a relay waits before retrying a transient failure: attempt `n`
+/// (from 1) waits a uniformly random time in `0..=min(cap, base · 2^(n-1))`
+/// ("full jitter"), so retries of many messages spread out instead of
+/// arriving together.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Backoff {
+    /// The first retry's upper bound.
+    pub base: Duration,
+    /// The largest wait, also the most a `Retry-After` is honoured for.
+    pub cap: Duration,
+}
+
+impl Default for Backoff {
+    /// 1 s doubling up to 5 minutes.
+    fn default() -> Self {
+        Self {
+            base: Duration::from_secs(1),
+            cap: Duration::from_secs(300),
+        }
+    }
+}
+
+impl Backoff {
+    /// The upper bound of the wait after attempt `attempt` (from 1).
+    ///
+    /// ```
+    /// use idem_runtime::outbox::Backoff;
+    /// use std::time::Duration;
+    /// let backoff = Backoff::default();
+    /// assert_eq!(backoff.ceiling(1), Duration::from_secs(1));
+    /// assert_eq!(backoff.ceiling(4), Duration::from_secs(8));
+    /// assert_eq!(backoff.ceiling(30), Duration::from_secs(300));
+    /// ```
+    pub fn ceiling(&self, attempt: u32) -> Duration {
+        let doublings = attempt.saturating_sub(1).min(32);
+        self.base
+            .saturating_mul(1u32 << doublings.min(31))
+            .min(self.cap)
+    }
+
+    /// A random wait after attempt `attempt`, in `0..=ceiling(attempt)`.
+    pub fn delay(&self, attempt: u32) -> Duration {
+        let ceiling = self.ceiling(attempt);
+        let millis = u64::try_from(ceiling.as_millis()).unwrap_or(u64::MAX);
+        Duration::from_millis(fastrand::u64(0..=millis))
+    }
+
+    /// The longest a message can stay undelivered while being retried:
+    /// every wait at its ceiling plus one lease per attempt. Sinks that
+    /// deduplicate for a limited window must cover at least this.
+    pub fn horizon(&self, max_attempts: u32, lease: Duration) -> Duration {
+        (1..max_attempts.max(1))
+            .map(|attempt| self.ceiling(attempt))
+            .fold(
+                lease.saturating_mul(max_attempts.max(1)),
+                Duration::saturating_add,
+            )
+    }
+}
+
+/// A point where a relay built with idem's `faults` feature dies (or stalls)
+/// on purpose, for crash tests. Without the feature nothing happens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RelayFault {
+    /// The message is leased; the sink was not called (`relay-before-publish`).
+    BeforePublish,
+    /// The sink acknowledged; the row is not marked sent (`relay-after-publish`).
+    AfterPublish,
+    /// After the sink acknowledged, the relay pauses this long before marking
+    /// sent, as a stalled process would (`relay-stall-after-publish`).
+    StallAfterPublish(Duration),
+}
+
+impl fmt::Display for RelayFault {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RelayFault::BeforePublish => f.write_str("relay-before-publish"),
+            RelayFault::AfterPublish => f.write_str("relay-after-publish"),
+            RelayFault::StallAfterPublish(pause) => {
+                write!(f, "relay-stall-after-publish:{}", pause.as_millis())
+            }
+        }
+    }
+}
+
+impl FromStr for RelayFault {
+    type Err = String;
+
+    /// ```
+    /// use idem_runtime::outbox::RelayFault;
+    /// use std::time::Duration;
+    /// assert_eq!("relay-after-publish".parse(), Ok(RelayFault::AfterPublish));
+    /// assert_eq!(
+    ///     "relay-stall-after-publish:250".parse(),
+    ///     Ok(RelayFault::StallAfterPublish(Duration::from_millis(250)))
+    /// );
+    /// assert!("later".parse::<RelayFault>().is_err());
+    /// ```
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim() {
+            "relay-before-publish" => Ok(RelayFault::BeforePublish),
+            "relay-after-publish" => Ok(RelayFault::AfterPublish),
+            other => other
+                .strip_prefix("relay-stall-after-publish:")
+                .and_then(|ms| ms.parse().ok())
+                .map(|ms| RelayFault::StallAfterPublish(Duration::from_millis(ms)))
+                .ok_or_else(|| {
+                    format!(
+                        "unknown relay fault point {other:?}; use relay-before-publish, \
+                         relay-after-publish or relay-stall-after-publish:<ms>"
+                    )
+                }),
+        }
+    }
+}
+
+/// Why a relay could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum RelayError {
+    /// The builder's settings contradict each other.
+    #[error("relay misconfigured: {0}")]
+    Config(String),
+    /// A sink's startup check failed.
+    #[error("sink `{sink}` refused to start: {reason}")]
+    SinkRefused {
+        /// The sink's name.
+        sink: String,
+        /// Its explanation.
+        reason: String,
+    },
+    /// The database refused.
+    #[error("outbox store error: {0}")]
+    Store(#[from] sqlx::Error),
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    claimed: AtomicU64,
+    published: AtomicU64,
+    duplicates: AtomicU64,
+    retried: AtomicU64,
+    dead: AtomicU64,
+    fenced: AtomicU64,
+    purged: AtomicU64,
+}
+
+impl Counters {
+    fn snapshot(&self) -> RelayStats {
+        RelayStats {
+            claimed: self.claimed.load(Ordering::Relaxed),
+            published: self.published.load(Ordering::Relaxed),
+            duplicates: self.duplicates.load(Ordering::Relaxed),
+            retried: self.retried.load(Ordering::Relaxed),
+            dead: self.dead.load(Ordering::Relaxed),
+            fenced: self.fenced.load(Ordering::Relaxed),
+            purged: self.purged.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// A snapshot of a relay's counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RelayStats {
+    /// Messages leased.
+    pub claimed: u64,
+    /// Delivered for the first time (and marked sent).
+    pub published: u64,
+    /// The receiver already had them (marked sent).
+    pub duplicates: u64,
+    /// Transient failures put back with a backoff.
+    pub retried: u64,
+    /// Moved to `dead`.
+    pub dead: u64,
+    /// Settles refused because the lease had passed to another relay.
+    pub fenced: u64,
+    /// Sent messages purged after the retention window.
+    pub purged: u64,
+}
+
+/// Builds and starts a relay over an engine's database.
+///
+/// ```no_run
+/// use idem_runtime::outbox::{Relay, WebhookSink};
+/// use idem_runtime::signature::SigningSecret;
+/// use idem_runtime::Engine;
+/// use std::time::Duration;
+///
+/// # async fn demo(engine: Engine<sqlx::Sqlite>) -> Result<(), Box<dyn std::error::Error>> {
+/// let secret = SigningSecret::new("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw")?;
+/// let relay = Relay::new(&engine)
+///     .sink(WebhookSink::new(secret))
+///     .lease(Duration::from_secs(30))
+///     .batch(64)
+///     .spawn()
+///     .await?;
+/// // ... serve ...
+/// println!("{:?}", relay.stats());
+/// let last = relay.shutdown().await;
+/// println!("published {} in all", last.published);
+/// # Ok(()) }
+/// ```
+pub struct Relay<DB: OutboxStore> {
+    pool: Pool<DB>,
+    sinks: HashMap<String, Arc<dyn Sink>>,
+    lease: Duration,
+    publish_timeout: Option<Duration>,
+    batch: u32,
+    poll_interval: Duration,
+    backoff: Backoff,
+    max_attempts: u32,
+    retention: Duration,
+    purge_every: Duration,
+    purge_batch: u32,
+    owner: String,
+    fault: Option<RelayFault>,
+    listen: bool,
+    counters: Arc<Counters>,
+}
+
+impl<DB: OutboxStore> fmt::Debug for Relay<DB> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut sinks: Vec<&String> = self.sinks.keys().collect();
+        sinks.sort();
+        f.debug_struct("Relay")
+            .field("owner", &self.owner)
+            .field("sinks", &sinks)
+            .field("lease", &self.lease)
+            .field("publish_timeout", &self.effective_timeout())
+            .field("batch", &self.batch)
+            .field("poll_interval", &self.poll_interval)
+            .field("backoff", &self.backoff)
+            .field("retention", &self.retention)
+            .finish()
+    }
+}
+
+impl<DB: OutboxStore> Relay<DB> {
+    /// A relay over `engine`'s pool with no sinks yet; defaults: a 30 s
+    /// lease, publishes bounded at two thirds of it, batches of 32, polling
+    /// every second, [`Backoff::default`], sent rows kept 24 h.
+    pub fn new(engine: &Engine<DB>) -> Self {
+        Self {
+            pool: engine.pool().clone(),
+            sinks: HashMap::new(),
+            lease: Duration::from_secs(30),
+            publish_timeout: None,
+            batch: 32,
+            poll_interval: Duration::from_secs(1),
+            backoff: Backoff::default(),
+            max_attempts: DEFAULT_MAX_ATTEMPTS,
+            retention: Duration::from_secs(24 * 3600),
+            purge_every: Duration::from_secs(60),
+            purge_batch: 1000,
+            owner: format!("{}-{:08x}", std::process::id(), fastrand::u32(..)),
+            fault: None,
+            listen: false,
+            counters: Arc::default(),
+        }
+    }
+
+    /// Adds a sink; messages name it by [`Sink::name`]. A relay claims only
+    /// messages for its sinks.
+    pub fn sink(self, sink: impl Sink) -> Self {
+        self.shared_sink(Arc::new(sink))
+    }
+
+    /// Adds a shared sink.
+    pub fn shared_sink(mut self, sink: Arc<dyn Sink>) -> Self {
+        self.sinks.insert(sink.name().to_owned(), sink);
+        self
+    }
+
+    /// How long a claimed message is this relay's: past it, another relay
+    /// may claim the message again.
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.lease = lease;
+        self
+    }
+
+    /// The bound on one publish; must be shorter than the lease (two thirds
+    /// of it by default).
+    pub fn publish_timeout(mut self, timeout: Duration) -> Self {
+        self.publish_timeout = Some(timeout);
+        self
+    }
+
+    /// How many messages one round claims.
+    pub fn batch(mut self, batch: u32) -> Self {
+        self.batch = batch;
+        self
+    }
+
+    /// How often an idle relay looks for messages enqueued by other processes.
+    pub fn poll_interval(mut self, every: Duration) -> Self {
+        self.poll_interval = every;
+        self
+    }
+
+    /// The backoff for transient failures.
+    pub fn backoff(mut self, backoff: Backoff) -> Self {
+        self.backoff = backoff;
+        self
+    }
+
+    /// The attempts the retry horizon is computed for (the sinks' startup
+    /// check): the largest `max_attempts` the application's messages use
+    /// ([`DEFAULT_MAX_ATTEMPTS`] by default).
+    pub fn max_attempts(mut self, attempts: u32) -> Self {
+        self.max_attempts = attempts;
+        self
+    }
+
+    /// How long sent messages are kept (for inspection) before the relay
+    /// purges them; dead messages are never purged.
+    pub fn retention(mut self, retention: Duration) -> Self {
+        self.retention = retention;
+        self
+    }
+
+    /// How often the relay purges, and how many rows per delete.
+    pub fn purge(mut self, every: Duration, batch: u32) -> Self {
+        self.purge_every = every;
+        self.purge_batch = batch;
+        self
+    }
+
+    /// The name this relay's leases carry (the process id and a random
+    /// suffix by default).
+    pub fn owner(mut self, owner: impl Into<String>) -> Self {
+        self.owner = owner.into();
+        self
+    }
+
+    /// On Postgres, also wakes on `NOTIFY idem_outbox`, which enqueues in
+    /// other processes send when they call
+    /// [`notify_other_processes`](super::notify_other_processes)`(true)`
+    /// (one listening connection per relay, reconnected on loss). Polling
+    /// stays the fallback. No effect on SQLite.
+    pub fn listen(mut self, on: bool) -> Self {
+        self.listen = on;
+        self
+    }
+
+    /// Arms a fault point (only in a build with the `faults` feature).
+    pub fn fault(mut self, fault: Option<RelayFault>) -> Self {
+        self.fault = fault;
+        self
+    }
+
+    /// The longest a message can stay undelivered while this relay retries
+    /// it: what sinks are checked against at start.
+    pub fn retry_horizon(&self) -> Duration {
+        self.backoff.horizon(self.max_attempts, self.lease)
+    }
+
+    fn effective_timeout(&self) -> Duration {
+        self.publish_timeout
+            .unwrap_or(self.lease.saturating_mul(2) / 3)
+    }
+
+    /// Checks the settings and every sink ([`Sink::check`] against
+    /// [`Relay::retry_horizon`]), then starts the relay on the current tokio
+    /// runtime.
+    pub async fn spawn(self) -> Result<RelayHandle, RelayError> {
+        if self.sinks.is_empty() {
+            return Err(RelayError::Config("a relay needs at least one sink".into()));
+        }
+        if self.batch == 0 {
+            return Err(RelayError::Config(
+                "the batch size must be at least 1".into(),
+            ));
+        }
+        if self.lease.is_zero() || self.effective_timeout() >= self.lease {
+            return Err(RelayError::Config(format!(
+                "the publish timeout ({:?}) must be shorter than the lease ({:?}), or a slow \
+                 publish could outlive its lease and be sent twice",
+                self.effective_timeout(),
+                self.lease
+            )));
+        }
+        let horizon = self.retry_horizon();
+        for (name, sink) in &self.sinks {
+            sink.check(horizon)
+                .await
+                .map_err(|reason| RelayError::SinkRefused {
+                    sink: name.clone(),
+                    reason,
+                })?;
+        }
+        let counters = self.counters.clone();
+        let (stop, stopped) = watch::channel(false);
+        let worker = Worker {
+            names: self.sinks.keys().cloned().collect(),
+            relay: Arc::new(self),
+        };
+        let owner = worker.relay.owner.clone();
+        let listener = worker.relay.listen.then(|| {
+            let pool = worker.relay.pool.clone();
+            let retry = worker.relay.poll_interval;
+            tokio::spawn(async move {
+                loop {
+                    match DB::listen(&pool).await {
+                        Ok(()) => return,
+                        Err(error) => {
+                            tracing::warn!(%error, "the outbox relay's listener failed; listening again");
+                            tokio::time::sleep(retry).await;
+                        }
+                    }
+                }
+            })
+        });
+        let task = tokio::spawn(worker.run(stopped));
+        Ok(RelayHandle {
+            owner,
+            counters,
+            stop,
+            task,
+            listener,
+        })
+    }
+
+    /// Runs one round by hand: claims a batch, publishes it, settles it.
+    /// Returns how many messages it claimed. [`Relay::spawn`] does this in
+    /// a loop; this is for tests and for draining from a script.
+    pub async fn run_once(&self) -> Result<usize, RelayError> {
+        let names: Vec<String> = self.sinks.keys().cloned().collect();
+        Ok(round(self, &names).await?)
+    }
+
+    /// The counters of [`Relay::run_once`] rounds (a spawned relay's are on
+    /// its [`RelayHandle`]).
+    pub fn stats(&self) -> RelayStats {
+        self.counters.snapshot()
+    }
+}
+
+/// A running relay.
+#[derive(Debug)]
+pub struct RelayHandle {
+    owner: String,
+    counters: Arc<Counters>,
+    stop: watch::Sender<bool>,
+    task: JoinHandle<()>,
+    listener: Option<JoinHandle<()>>,
+}
+
+impl RelayHandle {
+    /// The relay's counters so far.
+    pub fn stats(&self) -> RelayStats {
+        self.counters.snapshot()
+    }
+
+    /// The name this relay's leases carry.
+    pub fn owner(&self) -> &str {
+        &self.owner
+    }
+
+    /// Makes every relay in this process look for messages now (after a
+    /// commit made on a connection `enqueue` did not see, say).
+    pub fn wake(&self) {
+        super::wake_relays();
+    }
+
+    /// Stops the relay: the round in flight finishes (its publishes are
+    /// bounded by the publish timeout) and is settled, leases still held are
+    /// released, and the task ends. Returns the final counters.
+    pub async fn shutdown(self) -> RelayStats {
+        let _ = self.stop.send(true);
+        if let Some(listener) = &self.listener {
+            listener.abort();
+        }
+        if let Err(error) = self.task.await {
+            tracing::warn!(%error, "the outbox relay task ended abnormally");
+        }
+        self.counters.snapshot()
+    }
+}
+
+struct Worker<DB: OutboxStore> {
+    relay: Arc<Relay<DB>>,
+    names: Vec<String>,
+}
+
+/// After an in-process wake-up that found nothing (the enqueuing transaction
+/// had not committed yet), look again after these pauses.
+const CHASE: [Duration; 5] = [
+    Duration::from_millis(1),
+    Duration::from_millis(5),
+    Duration::from_millis(20),
+    Duration::from_millis(80),
+    Duration::from_millis(400),
+];
+
+impl<DB: OutboxStore> Worker<DB> {
+    async fn run(self, mut stopped: watch::Receiver<bool>) {
+        let relay = &*self.relay;
+        let mut next_purge = Instant::now();
+        let mut chase: Option<usize> = None;
+        while !*stopped.borrow() {
+            if Instant::now() >= next_purge {
+                self.purge().await;
+                next_purge = Instant::now() + relay.purge_every;
+            }
+            let notified = WAKE.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let seen = ENQUEUES.load(Ordering::Acquire);
+            match round(relay, &self.names).await {
+                Ok(0) => {}
+                Ok(_) => {
+                    chase = Some(0);
+                    continue;
+                }
+                Err(error) => {
+                    tracing::warn!(%error, "outbox relay round failed; retrying after the poll interval");
+                    chase = None;
+                }
+            }
+            if let Some(step) = chase {
+                if let Some(pause) = CHASE.get(step) {
+                    chase = Some(step + 1);
+                    tokio::select! {
+                        _ = tokio::time::sleep(*pause) => {}
+                        _ = stopped.changed() => {}
+                    }
+                    continue;
+                }
+                chase = None;
+            }
+            if ENQUEUES.load(Ordering::Acquire) != seen {
+                chase = Some(0);
+                continue;
+            }
+            tokio::select! {
+                _ = &mut notified => chase = Some(0),
+                _ = tokio::time::sleep(relay.poll_interval) => {}
+                _ = stopped.changed() => {}
+            }
+        }
+        match DB::release(&relay.pool, &relay.owner).await {
+            Ok(0) => {}
+            Ok(released) => tracing::info!(released, "outbox relay released its leases"),
+            Err(error) => {
+                tracing::warn!(%error, "releasing the relay's leases failed; they expire on their own")
+            }
+        }
+    }
+
+    async fn purge(&self) {
+        let relay = &*self.relay;
+        loop {
+            match DB::purge_sent(&relay.pool, relay.retention, relay.purge_batch).await {
+                Ok(purged) => {
+                    relay.counters.purged.fetch_add(purged, Ordering::Relaxed);
+                    if purged < u64::from(relay.purge_batch) {
+                        return;
+                    }
+                }
+                Err(error) => {
+                    tracing::warn!(%error, "purging sent outbox messages failed");
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// One claim, its publishes and their settles. Returns how many it claimed.
+async fn round<DB: OutboxStore>(relay: &Relay<DB>, names: &[String]) -> Result<usize, sqlx::Error> {
+    let counters = &*relay.counters;
+    let claimed = DB::claim(&relay.pool, names, &relay.owner, relay.lease, relay.batch).await?;
+    let count = claimed.len();
+    counters.claimed.fetch_add(count as u64, Ordering::Relaxed);
+    let timeout = relay.effective_timeout();
+    let mut publishes = JoinSet::new();
+    for message in claimed {
+        let sink = relay.sinks[&message.sink].clone();
+        let fault = relay.fault;
+        publishes.spawn(async move {
+            let outcome = publish(&*sink, &message, timeout, fault).await;
+            (message, outcome)
+        });
+    }
+    while let Some(joined) = publishes.join_next().await {
+        let (message, outcome) = match joined {
+            Ok(done) => done,
+            Err(error) => {
+                // A panicking sink: the lease expires and the message is retried.
+                tracing::error!(%error, "an outbox sink panicked");
+                continue;
+            }
+        };
+        settle(relay, &message, outcome).await?;
+    }
+    Ok(count)
+}
+
+async fn publish(
+    sink: &dyn Sink,
+    message: &Claimed,
+    timeout: Duration,
+    fault: Option<RelayFault>,
+) -> Result<Delivered, SinkError> {
+    if crate::faults::ENABLED && fault == Some(RelayFault::BeforePublish) {
+        eprintln!(
+            "idem fault injection: aborting {}",
+            RelayFault::BeforePublish
+        );
+        std::process::abort();
+    }
+    let outcome = match tokio::time::timeout(timeout, sink.publish(&message.message)).await {
+        Ok(outcome) => outcome,
+        Err(_) => Err(SinkError::Transient {
+            message: format!("publish timed out after {timeout:?}"),
+            retry_after: None,
+        }),
+    };
+    if crate::faults::ENABLED && outcome.is_ok() {
+        match fault {
+            Some(RelayFault::AfterPublish) => {
+                eprintln!(
+                    "idem fault injection: aborting {}",
+                    RelayFault::AfterPublish
+                );
+                std::process::abort();
+            }
+            Some(RelayFault::StallAfterPublish(pause)) => tokio::time::sleep(pause).await,
+            _ => {}
+        }
+    }
+    outcome
+}
+
+async fn settle<DB: OutboxStore>(
+    relay: &Relay<DB>,
+    claimed: &Claimed,
+    outcome: Result<Delivered, SinkError>,
+) -> Result<(), sqlx::Error> {
+    let counters = &*relay.counters;
+    let id = &claimed.message.id;
+    let attempt = claimed.message.attempt;
+    let (settlement, counter) = match outcome {
+        Ok(Delivered::Published { receipt }) => (Settlement::Sent { receipt }, &counters.published),
+        Ok(Delivered::Duplicate { receipt }) => {
+            (Settlement::Sent { receipt }, &counters.duplicates)
+        }
+        Err(SinkError::Permanent { message }) => {
+            tracing::warn!(message_id = %id, attempt, error = %message, "outbox message is dead: permanent failure");
+            (Settlement::Dead { error: message }, &counters.dead)
+        }
+        Err(SinkError::Transient { message, .. }) if attempt >= claimed.max_attempts => {
+            tracing::warn!(message_id = %id, attempt, error = %message, "outbox message is dead: out of attempts");
+            (
+                Settlement::Dead {
+                    error: format!("{message} (after {attempt} attempts)"),
+                },
+                &counters.dead,
+            )
+        }
+        Err(SinkError::Transient {
+            message,
+            retry_after,
+        }) => {
+            let after = match retry_after {
+                Some(asked) => asked.min(relay.backoff.cap),
+                None => relay.backoff.delay(attempt),
+            };
+            tracing::debug!(message_id = %id, attempt, ?after, error = %message, "outbox message retried later");
+            (
+                Settlement::Retry {
+                    after,
+                    error: message,
+                },
+                &counters.retried,
+            )
+        }
+    };
+    if DB::settle(&relay.pool, claimed.row, claimed.token, &settlement).await? {
+        counter.fetch_add(1, Ordering::Relaxed);
+    } else {
+        tracing::warn!(message_id = %id, attempt, "outbox relay lost its lease before settling; fenced");
+        counters.fenced.fetch_add(1, Ordering::Relaxed);
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn full_jitter_stays_under_the_capped_ceiling() {
+        let backoff = Backoff {
+            base: Duration::from_millis(100),
+            cap: Duration::from_secs(2),
+        };
+        assert_eq!(backoff.ceiling(1), Duration::from_millis(100));
+        assert_eq!(backoff.ceiling(3), Duration::from_millis(400));
+        assert_eq!(backoff.ceiling(6), Duration::from_secs(2));
+        assert_eq!(backoff.ceiling(u32::MAX), Duration::from_secs(2));
+        let delays: Vec<Duration> = (0..200).map(|_| backoff.delay(3)).collect();
+        assert!(delays.iter().all(|d| *d <= Duration::from_millis(400)));
+        // Spread out, not all at the ceiling.
+        assert!(delays.iter().any(|d| *d < Duration::from_millis(200)));
+        assert!(delays.iter().any(|d| *d > Duration::from_millis(200)));
+    }
+
+    #[test]
+    fn the_horizon_covers_every_wait_and_lease() {
+        let backoff = Backoff {
+            base: Duration::from_secs(1),
+            cap: Duration::from_secs(4),
+        };
+        // Waits after attempts 1..4: 1 + 2 + 4 + 4; leases: 5 × 10.
+        assert_eq!(
+            backoff.horizon(5, Duration::from_secs(10)),
+            Duration::from_secs(61)
+        );
+        assert_eq!(
+            backoff.horizon(1, Duration::from_secs(10)),
+            Duration::from_secs(10)
+        );
+    }
+}
