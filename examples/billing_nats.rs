@@ -157,9 +157,12 @@ async fn demo(args: Args) -> Result<bool, Box<dyn std::error::Error>> {
     )
     .await?;
 
-    let client = async_nats::connect(&args.nats)
-        .await
-        .map_err(|e| format!("cannot reach nats-server at {}: {e} (start one with `nats-server -js`)", args.nats))?;
+    let client = async_nats::connect(&args.nats).await.map_err(|e| {
+        format!(
+            "cannot reach nats-server at {}: {e} (start one with `nats-server -js`)",
+            args.nats
+        )
+    })?;
     let js = jetstream::new(client);
     let stream = js
         .get_or_create_stream(stream::Config {
@@ -206,14 +209,22 @@ async fn demo(args: Args) -> Result<bool, Box<dyn std::error::Error>> {
             attempt: 1,
         };
         let delivered = sink.publish(&message).await?;
-        println!("order {} placed; event {} {:?}", event.order_id, &message.id[..12], delivered);
+        println!(
+            "order {} placed; event {} {:?}",
+            event.order_id,
+            &message.id[..12],
+            delivered
+        );
         if n == 1 {
             // A client retry: replayed, no second order.
             let retried = place_order(&orders, "shop".into(), key, request).await?;
             assert_eq!(retried.via, Via::Replayed);
             // A relay re-publish after a crash: JetStream drops it.
             let again = sink.publish(&message).await?;
-            println!("  retried order: {}; re-published event: {again:?}", retried.via.label());
+            println!(
+                "  retried order: {}; re-published event: {again:?}",
+                retried.via.label()
+            );
             assert!(matches!(again, Delivered::Duplicate { .. }));
             first_event = Some(message);
         }

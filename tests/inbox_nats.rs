@@ -4,8 +4,8 @@
 //! permanent error, and too many deliveries) through to requeue. Every test
 //! counts the effects (rows in `payments`) per message id.
 
-mod nats_harness;
 mod inbox_support;
+mod nats_harness;
 mod support;
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -143,7 +143,11 @@ fn inbox<DB: TestBackend + InboxBackend + inbox_support::Effects>(h: &Harness<DB
 }
 
 async fn ack_pending(consumer: &mut PullConsumer) -> usize {
-    consumer.info().await.expect("consumer info").num_ack_pending
+    consumer
+        .info()
+        .await
+        .expect("consumer info")
+        .num_ack_pending
 }
 
 /// Runs this test binary's `child_consumer_entry` as a consumer process
@@ -180,7 +184,11 @@ async fn child_consumer_entry() {
     }
 }
 
-async fn child<DB: TestBackend + InboxBackend + inbox_support::Effects>(mode: &str, store: &str, nats: &str) {
+async fn child<DB: TestBackend + InboxBackend + inbox_support::Effects>(
+    mode: &str,
+    store: &str,
+    nats: &str,
+) {
     use idem::faults::{abort_at, FaultPoint};
     let engine = idem::Engine::new(DB::pool(store, &Policy::default()).await);
     let inbox = Inbox::new(engine, "billing", BILL.name()).expect("inbox");
@@ -214,34 +222,64 @@ async fn child<DB: TestBackend + InboxBackend + inbox_support::Effects>(mode: &s
 
 /// (7) Killed after the commit, before the ack: the redelivery is acked as a
 /// duplicate, with no second effect.
-async fn killed_after_commit<DB: TestBackend + InboxBackend + inbox_support::Effects>(h: Harness<DB>, backend: &str) {
+async fn killed_after_commit<DB: TestBackend + InboxBackend + inbox_support::Effects>(
+    h: Harness<DB>,
+    backend: &str,
+) {
     let server = nats_harness::single();
     let js = jetstream::new(nats_harness::connect(&[server.url()]).await);
     let (_stream, mut consumer) = stream_and_consumer(&js, Duration::from_secs(1)).await;
     publish(&js, "order-1", r#"{"order":1}"#).await;
 
-    assert!(run_child("after-commit", backend, &h.url, &server.url()), "the child must die");
-    assert_eq!(effects(&h, "order-1").await, 1, "committed before the crash");
+    assert!(
+        run_child("after-commit", backend, &h.url, &server.url()),
+        "the child must die"
+    );
+    assert_eq!(
+        effects(&h, "order-1").await,
+        1,
+        "committed before the crash"
+    );
 
     let runner = runner(inbox(&h), &js, consumer.clone());
-    let report = poll_until(&runner, &bill, Duration::from_secs(20), |r| r.duplicates >= 1).await;
+    let report = poll_until(&runner, &bill, Duration::from_secs(20), |r| {
+        r.duplicates >= 1
+    })
+    .await;
     assert_eq!(report.processed, 0);
-    assert_eq!(effects(&h, "order-1").await, 1, "the redelivery did no work");
-    assert_eq!(ack_pending(&mut consumer).await, 0, "the duplicate was acked");
+    assert_eq!(
+        effects(&h, "order-1").await,
+        1,
+        "the redelivery did no work"
+    );
+    assert_eq!(
+        ack_pending(&mut consumer).await,
+        0,
+        "the duplicate was acked"
+    );
 }
 
 /// (8) Killed before the commit: the redelivery processes it, once.
-async fn killed_before_commit<DB: TestBackend + InboxBackend + inbox_support::Effects>(h: Harness<DB>, backend: &str) {
+async fn killed_before_commit<DB: TestBackend + InboxBackend + inbox_support::Effects>(
+    h: Harness<DB>,
+    backend: &str,
+) {
     let server = nats_harness::single();
     let js = jetstream::new(nats_harness::connect(&[server.url()]).await);
     let (_stream, mut consumer) = stream_and_consumer(&js, Duration::from_secs(1)).await;
     publish(&js, "order-2", r#"{"order":2}"#).await;
 
-    assert!(run_child("before-commit", backend, &h.url, &server.url()), "the child must die");
+    assert!(
+        run_child("before-commit", backend, &h.url, &server.url()),
+        "the child must die"
+    );
     assert_eq!(effects(&h, "order-2").await, 0, "nothing committed");
 
     let runner = runner(inbox(&h), &js, consumer.clone());
-    let report = poll_until(&runner, &bill, Duration::from_secs(20), |r| r.processed >= 1).await;
+    let report = poll_until(&runner, &bill, Duration::from_secs(20), |r| {
+        r.processed >= 1
+    })
+    .await;
     assert_eq!(report.duplicates, 0);
     assert_eq!(effects(&h, "order-2").await, 1);
     assert_eq!(ack_pending(&mut consumer).await, 0);
@@ -253,7 +291,9 @@ async fn killed_before_commit<DB: TestBackend + InboxBackend + inbox_support::Ef
 /// (9) The handler outlives `ack_wait`, so the server delivers the message
 /// again while the first delivery still holds the claim: one effect, the
 /// other delivery nak'd as busy.
-async fn concurrent_deliveries<DB: TestBackend + InboxBackend + inbox_support::Effects>(h: Harness<DB>) {
+async fn concurrent_deliveries<DB: TestBackend + InboxBackend + inbox_support::Effects>(
+    h: Harness<DB>,
+) {
     let server = nats_harness::single();
     let js = jetstream::new(nats_harness::connect(&[server.url()]).await);
     let (_stream, mut consumer) = stream_and_consumer(&js, Duration::from_secs(1)).await;
@@ -282,7 +322,10 @@ async fn concurrent_deliveries<DB: TestBackend + InboxBackend + inbox_support::E
     let processed: u32 = all.iter().map(|r| r.processed).sum();
     let busy: u32 = all.iter().map(|r| r.busy).sum();
     assert_eq!(processed, 1, "{all:?}");
-    assert!(busy >= 1, "the overlapping delivery was nak'd as busy: {all:?}");
+    assert!(
+        busy >= 1,
+        "the overlapping delivery was nak'd as busy: {all:?}"
+    );
     assert_eq!(effects(&h, "order-3").await, 1);
     // Whatever is redelivered after the nak is a duplicate.
     let deadline = Instant::now() + Duration::from_secs(15);
@@ -297,7 +340,9 @@ async fn concurrent_deliveries<DB: TestBackend + InboxBackend + inbox_support::E
 /// (10) A permanent error poisons the message: recorded, terminated (never
 /// redelivered); requeued, it is processed once the handler accepts it.
 /// Too many transient failures poison it too.
-async fn poison_and_requeue<DB: TestBackend + InboxBackend + inbox_support::Effects>(h: Harness<DB>) {
+async fn poison_and_requeue<DB: TestBackend + InboxBackend + inbox_support::Effects>(
+    h: Harness<DB>,
+) {
     let server = nats_harness::single();
     let js = jetstream::new(nats_harness::connect(&[server.url()]).await);
     let (_stream, mut consumer) = stream_and_consumer(&js, Duration::from_secs(5)).await;
@@ -311,7 +356,9 @@ async fn poison_and_requeue<DB: TestBackend + InboxBackend + inbox_support::Effe
             let accept = accept.load(Ordering::SeqCst);
             inbox
                 .handle(message, async |tx, message| {
-                    let body: serde_json::Value = message.json().map_err(|e| Problem::new(400, e.to_string()))?;
+                    let body: serde_json::Value = message
+                        .json()
+                        .map_err(|e| Problem::new(400, e.to_string()))?;
                     if !accept && body.get("sku").is_some() {
                         return Err(Problem::new(422, "unknown sku"));
                     }
@@ -328,21 +375,41 @@ async fn poison_and_requeue<DB: TestBackend + InboxBackend + inbox_support::Effe
         .max_deliveries(2)
         .backoff(Duration::from_millis(50), Duration::from_millis(100));
     let runner = runner(inbox.clone(), &js, consumer.clone());
-    let report = poll_until(&runner, &handler, Duration::from_secs(20), |r| r.poisoned >= 2).await;
+    let report = poll_until(&runner, &handler, Duration::from_secs(20), |r| {
+        r.poisoned >= 2
+    })
+    .await;
     assert_eq!(report.processed, 0);
-    assert_eq!(report.retried, 1, "order-5 failed once transiently first: {report:?}");
+    assert_eq!(
+        report.retried, 1,
+        "order-5 failed once transiently first: {report:?}"
+    );
     assert_eq!(h.payments().await, 0);
-    assert_eq!(ack_pending(&mut consumer).await, 0, "terminated, not pending");
+    assert_eq!(
+        ack_pending(&mut consumer).await,
+        0,
+        "terminated, not pending"
+    );
 
     let poisoned = inbox.poisoned().await.expect("poisoned");
     let ids: Vec<&str> = poisoned.iter().map(|p| p.message_id.as_str()).collect();
     assert_eq!(ids.len(), 2, "{poisoned:?}");
-    let four = poisoned.iter().find(|p| p.message_id == "order-4").expect("order-4");
+    let four = poisoned
+        .iter()
+        .find(|p| p.message_id == "order-4")
+        .expect("order-4");
     assert!(four.error.contains("unknown sku"), "{}", four.error);
     assert_eq!(four.source.as_deref(), Some("orders.created"));
     assert_eq!(four.payload, br#"{"order":4,"sku":"discontinued"}"#);
-    let five = poisoned.iter().find(|p| p.message_id == "order-5").expect("order-5");
-    assert!(five.error.contains("gave up after 2 deliveries"), "{}", five.error);
+    let five = poisoned
+        .iter()
+        .find(|p| p.message_id == "order-5")
+        .expect("order-5");
+    assert!(
+        five.error.contains("gave up after 2 deliveries"),
+        "{}",
+        five.error
+    );
     assert_eq!(five.deliveries, 2);
 
     // Terminated: nothing is redelivered.
@@ -355,12 +422,20 @@ async fn poison_and_requeue<DB: TestBackend + InboxBackend + inbox_support::Effe
         assert_eq!(row.state, "requeued");
         assert_eq!(row.requeues, 1);
     }
-    let report = poll_until(&runner, &handler, Duration::from_secs(20), |r| r.processed >= 2).await;
+    let report = poll_until(&runner, &handler, Duration::from_secs(20), |r| {
+        r.processed >= 2
+    })
+    .await;
     assert_eq!(report.poisoned, 0);
     assert_eq!(h.payments().await, 2);
     assert!(inbox.poisoned().await.expect("poisoned").is_empty());
     assert_eq!(
-        inbox.poison_entry("order-4").await.expect("entry").expect("kept").state,
+        inbox
+            .poison_entry("order-4")
+            .await
+            .expect("entry")
+            .expect("kept")
+            .state,
         "requeued"
     );
     // Requeueing a message that is not poisoned is a clear error.
@@ -395,8 +470,10 @@ idempotent_handler!(bill_postgres, sqlx::PgConnection);
 
 /// The same message twice through an `#[idempotent]` handler: one effect,
 /// the second delivery a duplicate.
-async fn idempotent_macro_handler<DB: TestBackend + InboxBackend + inbox_support::Effects, F>(h: Harness<DB>, handler: F)
-where
+async fn idempotent_macro_handler<DB: TestBackend + InboxBackend + inbox_support::Effects, F>(
+    h: Harness<DB>,
+    handler: F,
+) where
     F: AsyncFn(&Inbox<DB>, &Message) -> Verdict,
 {
     let server = nats_harness::single();
@@ -409,19 +486,32 @@ where
         let publish = jetstream::message::PublishMessage::build()
             .payload(r#"{"order":7}"#.into())
             .header("Nats-Msg-Id", id);
-        js.send_publish("orders.created", publish).await.expect("publish").await.expect("ack");
+        js.send_publish("orders.created", publish)
+            .await
+            .expect("publish")
+            .await
+            .expect("ack");
     };
     stream_copy("order-7").await;
     let runner = runner(inbox(&h), &js, consumer);
-    let report = poll_until(&runner, &handler, Duration::from_secs(10), |r| r.processed >= 1).await;
+    let report = poll_until(&runner, &handler, Duration::from_secs(10), |r| {
+        r.processed >= 1
+    })
+    .await;
     assert_eq!(report.duplicates, 0);
     tokio::time::sleep(Duration::from_millis(1500)).await;
     stream_copy("order-7").await;
-    let report = poll_until(&runner, &handler, Duration::from_secs(10), |r| r.duplicates >= 1).await;
+    let report = poll_until(&runner, &handler, Duration::from_secs(10), |r| {
+        r.duplicates >= 1
+    })
+    .await;
     assert_eq!(report.processed, 0);
     assert_eq!(effects(&h, "order-7").await, 1);
     let stored = stream.info().await.expect("stream info").state.messages;
-    assert_eq!(stored, 2, "the stream kept both copies; the inbox caught the second");
+    assert_eq!(
+        stored, 2,
+        "the stream kept both copies; the inbox caught the second"
+    );
 }
 
 mod sqlite {

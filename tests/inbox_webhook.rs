@@ -104,7 +104,10 @@ struct Server {
 }
 
 impl Server {
-    async fn start<DB: TestBackend + InboxBackend>(h: &Harness<DB>, macro_route: Router<Arc<WebhookReceiver<DB>>>) -> Self {
+    async fn start<DB: TestBackend + InboxBackend>(
+        h: &Harness<DB>,
+        macro_route: Router<Arc<WebhookReceiver<DB>>>,
+    ) -> Self {
         let inbox = Inbox::new(h.engine.clone(), "orders-webhooks", NOTIFY.name()).expect("inbox");
         let secret = SigningSecret::new(SECRET).expect("secret");
         let receiver = Arc::new(WebhookReceiver::new(inbox, secret.clone()));
@@ -112,7 +115,9 @@ impl Server {
             .route("/hooks/orders", post(hook::<DB>))
             .merge(macro_route)
             .with_state(receiver);
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
         let base = format!("http://{}", listener.local_addr().expect("addr"));
         tokio::spawn(async move { axum::serve(listener, app).await.expect("serve") });
         Self {
@@ -122,7 +127,14 @@ impl Server {
         }
     }
 
-    async fn send_signed_by(&self, path: &str, secret: &SigningSecret, id: &str, timestamp: i64, body: &str) -> Reply {
+    async fn send_signed_by(
+        &self,
+        path: &str,
+        secret: &SigningSecret,
+        id: &str,
+        timestamp: i64,
+        body: &str,
+    ) -> Reply {
         let signature = secret.sign(id, timestamp, body.as_bytes());
         let timestamp = timestamp.to_string();
         self.client
@@ -141,7 +153,8 @@ impl Server {
     }
 
     async fn send(&self, id: &str, body: &str) -> Reply {
-        self.send_signed_by("/hooks/orders", &self.secret, id, unix_now(), body).await
+        self.send_signed_by("/hooks/orders", &self.secret, id, unix_now(), body)
+            .await
     }
 }
 
@@ -160,15 +173,35 @@ async fn guide_cases<DB: TestBackend + InboxBackend + Effects>(
         .send_signed_by("/hooks/orders", &forged, "evt-1", unix_now(), body)
         .await;
     assert_eq!(refused.status, 401);
-    assert_eq!(refused.header("content-type"), Some("application/problem+json"));
-    assert!(refused.json()["detail"].as_str().unwrap_or("").contains("nothing was processed"));
+    assert_eq!(
+        refused.header("content-type"),
+        Some("application/problem+json")
+    );
+    assert!(refused.json()["detail"]
+        .as_str()
+        .unwrap_or("")
+        .contains("nothing was processed"));
     let stale = server
-        .send_signed_by("/hooks/orders", &server.secret, "evt-1", unix_now() - 3600, body)
+        .send_signed_by(
+            "/hooks/orders",
+            &server.secret,
+            "evt-1",
+            unix_now() - 3600,
+            body,
+        )
         .await;
-    assert_eq!(stale.status, 401, "a replayed capture outside the tolerance");
+    assert_eq!(
+        stale.status, 401,
+        "a replayed capture outside the tolerance"
+    );
     let unsigned = server
         .client
-        .send(Method::POST, &format!("{}/hooks/orders", server.base), &[("webhook-id", b"evt-1")], Some(body.as_bytes().to_vec()))
+        .send(
+            Method::POST,
+            &format!("{}/hooks/orders", server.base),
+            &[("webhook-id", b"evt-1")],
+            Some(body.as_bytes().to_vec()),
+        )
         .await
         .expect("request");
     assert_eq!(unsigned.status, 401);
@@ -177,7 +210,12 @@ async fn guide_cases<DB: TestBackend + InboxBackend + Effects>(
 
     // 1. First request: processed.
     let first = server.send("evt-1", body).await;
-    assert_eq!(first.status, 200, "{:?}", String::from_utf8_lossy(&first.body));
+    assert_eq!(
+        first.status,
+        200,
+        "{:?}",
+        String::from_utf8_lossy(&first.body)
+    );
     assert_eq!(first.json()["received"], "evt-1");
     assert!(!first.replayed());
     assert_eq!(effects("evt-1").await, 1);
@@ -200,7 +238,10 @@ async fn guide_cases<DB: TestBackend + InboxBackend + Effects>(
     assert_eq!(statuses, [200, 409], "{a:?} {b:?}");
     let busy = if a.status == 409 { &a } else { &b };
     assert!(busy.header("retry-after").is_some());
-    assert_eq!(busy.header("content-type"), Some("application/problem+json"));
+    assert_eq!(
+        busy.header("content-type"),
+        Some("application/problem+json")
+    );
     assert_eq!(effects("evt-2").await, 1);
     let later = server.send("evt-2", slow).await;
     assert_eq!(later.status, 200);
@@ -212,7 +253,10 @@ async fn guide_cases<DB: TestBackend + InboxBackend + Effects>(
         .send("evt-1", r#"{"kind":"order.created","order":99}"#)
         .await;
     assert_eq!(reused.status, 422);
-    assert_eq!(reused.header("content-type"), Some("application/problem+json"));
+    assert_eq!(
+        reused.header("content-type"),
+        Some("application/problem+json")
+    );
     assert_eq!(effects("evt-1").await, 1);
 
     // A permanent error: the handler's 4xx, recorded as poison, replayed as such.
@@ -228,7 +272,11 @@ async fn guide_cases<DB: TestBackend + InboxBackend + Effects>(
     assert_eq!(poisoned[0].source.as_deref(), Some("orders-webhooks"));
     // Requeued (the sender fixed its side), the next delivery runs.
     inbox.requeue("evt-3").await.expect("requeue");
-    assert_eq!(server.send("evt-3", unknown).await.status, 422, "runs again, still unknown");
+    assert_eq!(
+        server.send("evt-3", unknown).await.status,
+        422,
+        "runs again, still unknown"
+    );
 
     // An `#[idempotent]` handler behind the same receiver.
     let via_macro = server

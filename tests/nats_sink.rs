@@ -102,7 +102,9 @@ async fn leader_killed_mid_batch_no_loss_no_duplicate() {
         .expect("the stream has a leader");
 
     let sink = NatsSink::new(js.clone(), "ORDERS");
-    sink.check(Duration::from_secs(60)).await.expect("120 s window covers 60 s");
+    sink.check(Duration::from_secs(60))
+        .await
+        .expect("120 s window covers 60 s");
     const BATCH: usize = 200;
     const PUBLISHERS: usize = 4;
     let done = Arc::new(AtomicUsize::new(0));
@@ -142,7 +144,11 @@ async fn leader_killed_mid_batch_no_loss_no_duplicate() {
     let mut outcomes = (0, 0, 0);
     for publisher in publishers {
         let (published, duplicate, retried) = publisher.await.expect("publisher");
-        outcomes = (outcomes.0 + published, outcomes.1 + duplicate, outcomes.2 + retried);
+        outcomes = (
+            outcomes.0 + published,
+            outcomes.1 + duplicate,
+            outcomes.2 + retried,
+        );
     }
     eprintln!("published, duplicate, retried after the kill: {outcomes:?}");
     assert_eq!(outcomes.0 + outcomes.1, BATCH, "{outcomes:?}");
@@ -150,7 +156,11 @@ async fn leader_killed_mid_batch_no_loss_no_duplicate() {
     let ids = stored_ids(&js, "ORDERS").await;
     let distinct: BTreeSet<&String> = ids.iter().collect();
     assert_eq!(distinct.len(), BATCH, "no loss");
-    assert_eq!(ids.len(), BATCH, "no duplicate in the stream ({outcomes:?})");
+    assert_eq!(
+        ids.len(),
+        BATCH,
+        "no duplicate in the stream ({outcomes:?})"
+    );
     let new_leader = js
         .get_stream("ORDERS")
         .await
@@ -197,10 +207,19 @@ async fn short_window_refused_and_per_subject_mode() {
 
     // Why: in window mode a late re-publish is stored again.
     let late = message("late-1", "orders.window");
-    assert!(matches!(window.publish(&late).await, Ok(Delivered::Published { .. })));
-    assert!(matches!(window.publish(&late).await, Ok(Delivered::Duplicate { .. })));
+    assert!(matches!(
+        window.publish(&late).await,
+        Ok(Delivered::Published { .. })
+    ));
+    assert!(matches!(
+        window.publish(&late).await,
+        Ok(Delivered::Duplicate { .. })
+    ));
     tokio::time::sleep(Duration::from_millis(1500)).await;
-    assert!(matches!(window.publish(&late).await, Ok(Delivered::Published { .. })));
+    assert!(matches!(
+        window.publish(&late).await,
+        Ok(Delivered::Published { .. })
+    ));
 
     // Per-subject mode: accepted at start, and the late re-publish counts as delivered.
     let per_subject = NatsSink::new(js.clone(), "ORDERS").per_subject();
@@ -219,7 +238,10 @@ async fn short_window_refused_and_per_subject_mode() {
     ));
     tokio::time::sleep(Duration::from_millis(1500)).await;
     assert!(
-        matches!(per_subject.publish(&order).await, Ok(Delivered::Duplicate { .. })),
+        matches!(
+            per_subject.publish(&order).await,
+            Ok(Delivered::Duplicate { .. })
+        ),
         "after the window, the subject still has the message: delivered"
     );
     let ids = stored_ids(&js, "ORDERS").await;
@@ -245,6 +267,8 @@ async fn short_window_refused_and_per_subject_mode() {
     assert!(refused.contains("max_age"), "{refused}");
 
     // A missing stream is a clear error, not a panic.
-    let missing = NatsSink::new(js, "NOPE").check(Duration::from_secs(1)).await;
+    let missing = NatsSink::new(js, "NOPE")
+        .check(Duration::from_secs(1))
+        .await;
     assert!(missing.expect_err("no stream").contains("NOPE"));
 }

@@ -293,11 +293,7 @@ impl<DB: InboxBackend> Inbox<DB> {
     /// [`Verdict::Busy`]); retention should outlast every way a message can
     /// come back (the stream's `max_age`, the relay's retry horizon, the
     /// sender's retry schedule).
-    pub fn new(
-        engine: Engine<DB>,
-        consumer: &str,
-        step: &'static str,
-    ) -> Result<Self, InboxError> {
+    pub fn new(engine: Engine<DB>, consumer: &str, step: &'static str) -> Result<Self, InboxError> {
         if check_step_name(step).is_err() {
             return Err(InboxError::Step(step));
         }
@@ -362,10 +358,7 @@ impl<DB: InboxBackend> Inbox<DB> {
     /// fingerprint the payload.
     pub fn operation(&self, message: &Message) -> Result<Operation, crate::key::KeyError> {
         let key = IdempotencyKey::new(message.id.clone())?;
-        Ok(
-            Operation::new(self.consumer.scope(), key, self.step, message)
-                .policy(self.policy),
-        )
+        Ok(Operation::new(self.consumer.scope(), key, self.step, message).policy(self.policy))
     }
 
     /// Runs `work` for `message` under the inbox's claim: its writes and the
@@ -588,7 +581,10 @@ impl<DB: InboxBackend> Inbox<DB> {
     }
 
     /// One poison row, requeued or not.
-    pub async fn poison_entry(&self, message_id: &str) -> Result<Option<PoisonMessage>, InboxError> {
+    pub async fn poison_entry(
+        &self,
+        message_id: &str,
+    ) -> Result<Option<PoisonMessage>, InboxError> {
         Ok(DB::poison_entry(self.engine.pool(), self.consumer.name(), message_id).await?)
     }
 

@@ -203,8 +203,9 @@ mod sqlite {
             consumer: &'a str,
             message_id: &'a str,
         ) -> Result<Option<PoisonMessage>, sqlx::Error> {
-            let sql =
-                format!("SELECT {COLUMNS} FROM idem_poison WHERE consumer = ?1 AND message_id = ?2");
+            let sql = format!(
+                "SELECT {COLUMNS} FROM idem_poison WHERE consumer = ?1 AND message_id = ?2"
+            );
             let found = sqlx::query(&sql)
                 .bind(consumer)
                 .bind(message_id)
@@ -250,7 +251,8 @@ mod postgres {
     use sqlx::postgres::PgRow;
     use sqlx::{Postgres, Row};
 
-    const COLUMNS: &str = "consumer, message_id, source, source_seq, payload, error, deliveries::int8, \
+    const COLUMNS: &str =
+        "consumer, message_id, source, source_seq, payload, error, deliveries::int8, \
          state, requeues::int8, (EXTRACT(EPOCH FROM first_seen) * 1000)::int8, \
          (EXTRACT(EPOCH FROM poisoned_at) * 1000)::int8";
 
@@ -331,8 +333,9 @@ mod postgres {
             consumer: &'a str,
             message_id: &'a str,
         ) -> Result<Option<PoisonMessage>, sqlx::Error> {
-            let sql =
-                format!("SELECT {COLUMNS} FROM idem_poison WHERE consumer = $1 AND message_id = $2");
+            let sql = format!(
+                "SELECT {COLUMNS} FROM idem_poison WHERE consumer = $1 AND message_id = $2"
+            );
             let found = sqlx::query(&sql)
                 .bind(consumer)
                 .bind(message_id)
