@@ -444,6 +444,49 @@ async fn poison_and_requeue<DB: TestBackend + InboxBackend + inbox_support::Effe
     assert_eq!(ack_pending(&mut consumer).await, 0);
 }
 
+/// Messages the inbox cannot key are never processed blind: one without
+/// `Nats-Msg-Id`, one whose id is not a valid key, and one whose id was used
+/// before with another payload are each terminated and kept as poison.
+async fn unkeyable_messages_poisoned<DB: TestBackend + InboxBackend + inbox_support::Effects>(
+    h: Harness<DB>,
+) {
+    let server = nats_harness::single();
+    let js = jetstream::new(nats_harness::connect(&[server.url()]).await);
+    let (_stream, mut consumer) =
+        stream_with_window(&js, Duration::from_secs(5), Duration::from_secs(1)).await;
+    js.publish("orders.created", r#"{"order":8}"#.into())
+        .await
+        .expect("publish")
+        .await
+        .expect("ack");
+    publish(&js, "order 9 with spaces", r#"{"order":9}"#).await;
+    publish(&js, "order-10", r#"{"order":10}"#).await;
+    let runner = runner(inbox(&h), &js, consumer.clone());
+    let report = poll_until(&runner, &bill, Duration::from_secs(10), |r| r.total() >= 3).await;
+    assert_eq!((report.poisoned, report.processed), (2, 1), "{report:?}");
+    // The same id again with another payload, after the stream's window.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    publish(&js, "order-10", r#"{"order":10,"amount":1}"#).await;
+    let report = poll_until(&runner, &bill, Duration::from_secs(10), |r| r.total() >= 1).await;
+    assert_eq!(report.poisoned, 1, "{report:?}");
+    assert_eq!(effects(&h, "order-10").await, 1);
+    assert_eq!(h.payments().await, 1);
+    assert_eq!(ack_pending(&mut consumer).await, 0);
+
+    let poisoned = runner.inbox().poisoned().await.expect("poisoned");
+    let error_of = |id: &str| {
+        poisoned
+            .iter()
+            .find(|p| p.message_id == id)
+            .unwrap_or_else(|| panic!("{id} not poisoned: {poisoned:?}"))
+            .error
+            .clone()
+    };
+    assert!(error_of("stream-seq-1").contains("no Nats-Msg-Id"));
+    assert!(error_of("order 9 with spaces").contains("not a valid key"));
+    assert!(error_of("order-10").contains("different payload"));
+}
+
 /// An `#[idempotent]` function as the consumer's handler: scope is the
 /// [`Consumer`], key the message id, fingerprint the message.
 macro_rules! idempotent_handler {
@@ -538,6 +581,11 @@ mod sqlite {
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn unkeyable_messages_are_poisoned() {
+        unkeyable_messages_poisoned(support::sqlite(Policy::default()).await).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn idempotent_function_as_handler() {
         idempotent_macro_handler(
             support::sqlite(Policy::default()).await,
@@ -574,6 +622,11 @@ mod postgres {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn poison_terminated_recorded_requeued_processed() {
         poison_and_requeue(support::postgres(Policy::default()).await).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn unkeyable_messages_are_poisoned() {
+        unkeyable_messages_poisoned(support::postgres(Policy::default()).await).await;
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

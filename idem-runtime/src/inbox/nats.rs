@@ -241,21 +241,20 @@ impl<DB: InboxBackend> NatsInbox<DB> {
         F: AsyncFn(&Inbox<DB>, &Message) -> Verdict,
     {
         let message = message_of(&delivery);
-        let verdict = match message.id.is_empty() {
-            true => {
-                let seq = message.source_seq.unwrap_or(0);
-                let unkeyed = Message {
-                    id: format!("stream-seq-{seq}"),
-                    ..message.clone()
-                };
-                self.inbox
-                    .poison(
-                        &unkeyed,
-                        "message has no Nats-Msg-Id: it cannot be deduplicated",
-                    )
-                    .await
-            }
-            false => match handler(&self.inbox, &message).await {
+        let verdict = if message.id.is_empty() {
+            let seq = message.source_seq.unwrap_or(0);
+            let unkeyed = Message {
+                id: format!("stream-seq-{seq}"),
+                ..message.clone()
+            };
+            self.inbox
+                .poison(
+                    &unkeyed,
+                    "message has no Nats-Msg-Id: it cannot be deduplicated",
+                )
+                .await
+        } else {
+            match handler(&self.inbox, &message).await {
                 Verdict::Mismatch => {
                     let poisoned = self
                         .inbox
@@ -270,7 +269,7 @@ impl<DB: InboxBackend> NatsInbox<DB> {
                     }
                 }
                 verdict => verdict,
-            },
+            }
         };
         let acked = match &verdict {
             Verdict::Processed(_) | Verdict::Duplicate(_) => {
