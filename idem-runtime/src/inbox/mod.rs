@@ -393,7 +393,9 @@ impl<DB: InboxBackend> Inbox<DB> {
     /// Runs an `#[idempotent]` function for `message`: `call` gets the
     /// engine, the [`Consumer`] (the function's `scope`), the message id as
     /// key and the message (its `#[fingerprint]` parameter). The function's
-    /// `step` must be this inbox's step.
+    /// `step` must be this inbox's step. The function's claim follows its
+    /// own attributes, not [`Inbox::policy`]: give it `wait = "1s"` so an
+    /// overlapping delivery is turned away quickly as [`Verdict::Busy`].
     ///
     /// ```no_run
     /// use idem_runtime::inbox::{Consumer, Inbox, Message};
@@ -609,4 +611,63 @@ impl<DB: InboxBackend> Inbox<DB> {
 
     /// The stored rejection status a poisoned message's record carries.
     pub const REJECTED_STATUS: u16 = REJECTED_STATUS;
+}
+
+#[cfg(all(test, feature = "sqlite"))]
+mod tests {
+    use super::*;
+
+    async fn inbox() -> Inbox<sqlx::Sqlite> {
+        let pool = sqlx::sqlite::SqlitePoolOptions::new()
+            .connect("sqlite::memory:")
+            .await
+            .expect("in-memory sqlite");
+        Inbox::new(Engine::new(pool), "billing", "bill.v1").expect("inbox")
+    }
+
+    #[tokio::test]
+    async fn backoff_doubles_per_delivery_up_to_the_cap() {
+        let inbox = inbox()
+            .await
+            .backoff(Duration::from_millis(100), Duration::from_secs(1));
+        let waits: Vec<_> = (1..=6).map(|n| inbox.backoff_for(n)).collect();
+        assert_eq!(
+            waits,
+            [100, 200, 400, 800, 1000, 1000].map(Duration::from_millis)
+        );
+        assert_eq!(inbox.backoff_for(u32::MAX), Duration::from_secs(1));
+    }
+
+    #[tokio::test]
+    async fn names_are_checked() {
+        let engine = inbox().await.engine().clone();
+        assert!(matches!(
+            Inbox::new(engine.clone(), "billing", "Bill Order"),
+            Err(InboxError::Step(_))
+        ));
+        assert!(matches!(
+            Inbox::new(engine.clone(), "bill ing", "bill.v1"),
+            Err(InboxError::ConsumerName(_))
+        ));
+        assert!(matches!(
+            Inbox::new(engine, "", "bill.v1"),
+            Err(InboxError::ConsumerName(_))
+        ));
+    }
+
+    #[tokio::test]
+    async fn the_claim_is_scoped_keyed_and_fingerprinted_by_the_message() {
+        let inbox = inbox().await;
+        let message = Message::new("m-1", b"{}".to_vec()).deliveries(3);
+        let op = inbox.operation(&message).expect("valid id");
+        assert_eq!(op.scope().as_stored(), "13:inbox/billing");
+        assert_eq!(op.key().as_str(), "m-1");
+        assert_eq!(op.step(), "bill.v1");
+        let other = Message::new("m-1", b"[]".to_vec());
+        assert_ne!(
+            op.fingerprint(),
+            inbox.operation(&other).expect("valid id").fingerprint()
+        );
+        assert!(inbox.operation(&Message::new("m 1", Vec::new())).is_err());
+    }
 }
