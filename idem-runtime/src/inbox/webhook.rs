@@ -72,10 +72,19 @@ pub const POISONED: &str = "https://idem-rs.github.io/idem/problems#webhook-pois
 ///     .with_state(Arc::new(WebhookReceiver::new(inbox, secret)));
 /// # Ok(()) }
 /// ```
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct WebhookReceiver<DB: InboxBackend> {
     inbox: Inbox<DB>,
     secrets: Vec<SigningSecret>,
+}
+
+impl<DB: InboxBackend> Clone for WebhookReceiver<DB> {
+    fn clone(&self) -> Self {
+        Self {
+            inbox: self.inbox.clone(),
+            secrets: self.secrets.clone(),
+        }
+    }
 }
 
 impl<DB: InboxBackend> WebhookReceiver<DB> {
