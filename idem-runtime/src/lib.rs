@@ -32,6 +32,7 @@ pub mod fingerprint;
 mod hex;
 #[cfg(feature = "axum")]
 pub mod http;
+pub mod inbox;
 pub mod key;
 pub mod operation;
 pub mod outbox;

@@ -19,6 +19,7 @@ use std::process::{Command, ExitStatus};
 /// }
 /// async fn executes_once<DB: TestBackend>(harness: impl AsyncFn(Policy) -> Harness<DB>) { ... }
 /// ```
+#[allow(unused_macros)] // not every test binary that shares this module uses it
 macro_rules! on_each_store {
     (stores: ; $($tests:tt)*) => {};
     (stores: $store:ident $(, $rest:ident)*; $($tests:tt)*) => {
@@ -43,6 +44,7 @@ macro_rules! on_each_store {
         }
     };
 }
+#[allow(unused_imports)]
 pub(crate) use on_each_store;
 
 use idem_runtime::test_support::TestDb;

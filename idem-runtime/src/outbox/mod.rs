@@ -39,6 +39,8 @@
 //! ```
 
 mod channel;
+#[cfg(feature = "nats")]
+pub mod nats;
 mod relay;
 pub mod sink;
 mod store;
