@@ -29,12 +29,15 @@ mod hex;
 #[cfg(feature = "axum")]
 pub mod http;
 pub mod key;
+pub mod metrics;
+pub mod migrations;
 pub mod operation;
 pub mod outbox;
 pub mod outcome;
 pub mod policy;
 pub mod problem;
 pub mod registry;
+pub mod retention;
 pub mod scope;
 pub mod signature;
 pub mod step;
@@ -51,6 +54,7 @@ pub use outcome::{Disposition, ErrorOutcome, Outcome, ReplayError, StoredRespons
 pub use policy::{ClaimMode, FailureMode, KeyLock, Policy};
 pub use problem::Problem;
 pub use registry::Step;
+pub use retention::Purger;
 pub use scope::{Scope, ScopePart};
 pub use step::{check_step_name, child_key, StepNameError};
 pub use store::Backend;
