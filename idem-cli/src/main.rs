@@ -346,7 +346,9 @@ async fn run_list(cli: &Cli, args: &ListArgs) -> Result<u8, Failure> {
             .map(|r| record_row(r, cli.show_keys))
             .collect();
         table(
-            &["key", "scope", "step", "status", "response", "created", "expires"],
+            &[
+                "key", "scope", "step", "status", "response", "created", "expires",
+            ],
             &rows,
         );
         println!("{} record(s) in {}", records.len(), spec.name);
@@ -375,11 +377,7 @@ async fn run_show(cli: &Cli, args: &KeyArgs) -> Result<u8, Failure> {
         return Ok(OK);
     }
     let lock = match record.lock_left() {
-        Some(left) => format!(
-            "{} ({} left)",
-            instant(record.locked_until_ms),
-            span(left)
-        ),
+        Some(left) => format!("{} ({} left)", instant(record.locked_until_ms), span(left)),
         None => format!("{} (not held)", instant(record.locked_until_ms)),
     };
     let rows = [
@@ -428,7 +426,10 @@ async fn run_delete(cli: &Cli, args: &DeleteArgs) -> Result<u8, Failure> {
     let store = Store::open(spec, OpenMode::Existing).await?;
     let label = key_label(&args.key.key, cli.show_keys);
     let Some(record) = store.record(&spec.name, &scope, &args.key.key).await? else {
-        println!("no record for key {label} in scope {scope} in {}", spec.name);
+        println!(
+            "no record for key {label} in scope {scope} in {}",
+            spec.name
+        );
         return Ok(FOUND);
     };
     if !args.yes {
@@ -442,7 +443,10 @@ async fn run_delete(cli: &Cli, args: &DeleteArgs) -> Result<u8, Failure> {
     if cli.json {
         output::json(&json!({ "store": spec.name, "deleted": deleted }));
     } else if deleted {
-        println!("deleted {label} ({}, {}) from {}", record.step, record.status, spec.name);
+        println!(
+            "deleted {label} ({}, {}) from {}",
+            record.step, record.status, spec.name
+        );
     } else {
         println!("{label} was already gone from {}", spec.name);
     }

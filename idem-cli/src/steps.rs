@@ -76,7 +76,9 @@ pub(crate) async fn run(json: bool, args: &StepsArgs) -> Result<u8, Failure> {
     }
     if let Some(binary) = &args.declared_by {
         let from_binary = declared_by(binary).map_err(Failure::Usage)?;
-        declared.get_or_insert_with(BTreeMap::new).extend(from_binary);
+        declared
+            .get_or_insert_with(BTreeMap::new)
+            .extend(from_binary);
     }
     let stores = open_all(&args.stores).await?;
     let mut rows = Vec::new();
@@ -90,7 +92,9 @@ pub(crate) async fn run(json: bool, args: &StepsArgs) -> Result<u8, Failure> {
                     (None, true) => "LIVE KEYS, NOT DECLARED",
                     (None, false) => "not declared (no live keys)",
                     (Some(Declared { retired: true }), false) => "retired; can be removed",
-                    (Some(Declared { retired: true }), true) => "retired; keep until its keys expire",
+                    (Some(Declared { retired: true }), true) => {
+                        "retired; keep until its keys expire"
+                    }
                     (Some(Declared { retired: false }), _) => "declared",
                 },
             };
@@ -139,7 +143,8 @@ mod tests {
 
     #[test]
     fn reads_only_declaration_lines() {
-        let text = "starting\nidem-step charge-card.v1 active\nidem-step charge.v1 retired\nnoise\n";
+        let text =
+            "starting\nidem-step charge-card.v1 active\nidem-step charge.v1 retired\nnoise\n";
         let declared = parse_declarations(text);
         assert_eq!(declared.len(), 2);
         assert!(declared["charge.v1"].retired);

@@ -456,7 +456,9 @@ mod tests {
 
     #[test]
     fn reads_named_and_unnamed_stores() {
-        let named: StoreSpec = "payments=postgres://u:pw@h/db?sslmode=disable".parse().unwrap();
+        let named: StoreSpec = "payments=postgres://u:pw@h/db?sslmode=disable"
+            .parse()
+            .unwrap();
         assert_eq!(named.name, "payments");
         assert_eq!(named.location, "postgres://u:pw@h/db?sslmode=disable");
         assert_eq!(named.redacted(), "postgres://u:***@h/db?sslmode=disable");
