@@ -1,0 +1,196 @@
+//! Every metric the engine records (`idem_runtime::metrics`), after a known
+//! sequence of claims, on a real SQLite file and a real Postgres database.
+//! One recorder serves the whole process, so the scenarios run in one test,
+//! each backend under its own step names (the `step` label keeps them apart).
+
+mod support;
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use idem_runtime::metrics::{CLAIMS, CLAIM_WAIT, HANDLER_DURATION, PURGE_DURATION, PURGE_ROWS};
+use idem_runtime::{
+    Claim, ClaimMode, Disposition, FailureMode, IdemError, IdempotencyKey, Operation, Policy,
+    Problem, Scope, StoredResponse,
+};
+use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
+use support::{Harness, TestBackend};
+
+fn operation(step: &'static str, key: &str, amount: i64) -> Operation {
+    Operation::new(
+        Scope::tenant("acme"),
+        IdempotencyKey::new(key).unwrap(),
+        step,
+        &amount,
+    )
+}
+
+async fn charge<DB: TestBackend>(h: &Harness<DB>, op: &Operation) -> Result<i64, IdemError> {
+    h.engine
+        .run(op, async move |_tx| Ok::<i64, Problem>(1))
+        .await
+        .map(|done| done.value.unwrap())
+}
+
+/// Plays each outcome once (executed twice), then a purge of three records.
+async fn play<DB: TestBackend>(h: Harness<DB>, step: &'static str) {
+    // executed, replayed, mismatch
+    charge(&h, &operation(step, "a", 1)).await.unwrap();
+    charge(&h, &operation(step, "a", 1)).await.unwrap();
+    assert!(matches!(
+        charge(&h, &operation(step, "a", 2)).await,
+        Err(IdemError::Mismatch)
+    ));
+    // in_progress: a durable claim holds the key
+    let durable = Policy::default()
+        .claim_mode(ClaimMode::Durable)
+        .lock_ttl(Duration::from_millis(300));
+    let held = operation(step, "held", 1).policy(durable);
+    let Ok(Claim::Execute(first)) = h.engine.claim(&held).await else {
+        panic!("the first claim executes")
+    };
+    assert!(matches!(
+        h.engine.claim(&held).await,
+        Err(IdemError::InProgress { .. })
+    ));
+    // took_over, then the first attempt is fenced
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let Ok(Claim::Execute(second)) = h.engine.claim(&held).await else {
+        panic!("the second claim takes over")
+    };
+    let stored = StoredResponse {
+        status: 200,
+        content_type: "application/json".into(),
+        body: b"1".to_vec(),
+    };
+    second
+        .finish(Disposition::Store(stored.clone()))
+        .await
+        .unwrap();
+    assert!(matches!(
+        first.finish(Disposition::Store(stored)).await,
+        Err(IdemError::LockLost)
+    ));
+    // a purge of three expired records
+    let short = Policy::default().retention(Duration::from_millis(1));
+    for key in ["x1", "x2", "x3"] {
+        charge(&h, &operation(step, key, 1).policy(short))
+            .await
+            .unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert_eq!(h.engine.purge_expired(2).await.unwrap(), 3);
+    // failed_open, unavailable: the store's table is gone
+    h.break_key_table().await;
+    let open = Policy::default().failure_mode(FailureMode::Open);
+    charge(&h, &operation(step, "down", 1).policy(open))
+        .await
+        .unwrap();
+    assert!(matches!(
+        charge(&h, &operation(step, "down", 1)).await,
+        Err(IdemError::Unavailable { .. })
+    ));
+}
+
+#[derive(Default, Debug)]
+struct Seen {
+    counters: HashMap<(String, Vec<(String, String)>), u64>,
+    histograms: HashMap<(String, Vec<(String, String)>), usize>,
+}
+
+fn seen(snapshotter: &Snapshotter) -> Seen {
+    let mut seen = Seen::default();
+    for (key, _, _, value) in snapshotter.snapshot().into_vec() {
+        let key = key.key();
+        let mut labels: Vec<(String, String)> = key
+            .labels()
+            .map(|l| (l.key().to_owned(), l.value().to_owned()))
+            .collect();
+        labels.sort();
+        let id = (key.name().to_owned(), labels);
+        match value {
+            DebugValue::Counter(n) => *seen.counters.entry(id).or_default() += n,
+            DebugValue::Histogram(values) => {
+                *seen.histograms.entry(id).or_default() += values.len()
+            }
+            DebugValue::Gauge(_) => {}
+        }
+    }
+    seen
+}
+
+fn labels(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+    let mut labels: Vec<_> = pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    labels.sort();
+    labels
+}
+
+fn check(seen: &Seen, step: &str) {
+    let claims = |outcome: &str| {
+        seen.counters
+            .get(&(
+                CLAIMS.to_owned(),
+                labels(&[("step", step), ("outcome", outcome)]),
+            ))
+            .copied()
+            .unwrap_or(0)
+    };
+    // a, the first claim of `held`, x1, x2, x3
+    assert_eq!(claims("executed"), 5, "{seen:#?}");
+    for outcome in [
+        "replayed",
+        "mismatch",
+        "in_progress",
+        "took_over",
+        "fenced",
+        "failed_open",
+        "unavailable",
+    ] {
+        assert_eq!(claims(outcome), 1, "{outcome}: {seen:#?}");
+    }
+    let histogram = |name: &str| {
+        seen.histograms
+            .get(&(name.to_owned(), labels(&[("step", step)])))
+            .copied()
+            .unwrap_or(0)
+    };
+    // Every claim's answer is timed: 5 executed + 6 others (fenced is a finish).
+    assert_eq!(histogram(CLAIM_WAIT), 11, "{seen:#?}");
+    // Every finished claim's work: a, x1-x3, the taken-over one, the fenced one, the failed-open one.
+    assert_eq!(histogram(HANDLER_DURATION), 7, "{seen:#?}");
+}
+
+#[tokio::test]
+async fn every_metric_is_recorded_on_both_backends() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    metrics::set_global_recorder(recorder).expect("the only recorder in this process");
+
+    play(
+        support::sqlite(Policy::default()).await,
+        "metrics-sqlite.v1",
+    )
+    .await;
+    play(
+        support::postgres(Policy::default()).await,
+        "metrics-postgres.v1",
+    )
+    .await;
+
+    let seen = seen(&snapshotter);
+    check(&seen, "metrics-sqlite.v1");
+    check(&seen, "metrics-postgres.v1");
+    assert_eq!(
+        seen.counters[&(PURGE_ROWS.to_owned(), vec![])],
+        6,
+        "{seen:#?}"
+    );
+    assert_eq!(
+        seen.histograms[&(PURGE_DURATION.to_owned(), labels(&[("result", "ok")]))],
+        2,
+        "{seen:#?}"
+    );
+}
