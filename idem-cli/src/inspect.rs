@@ -153,11 +153,7 @@ impl Inspection {
 
     /// Prints the tree and the effects.
     pub fn print(&self, show_keys: bool) {
-        println!(
-            "K = {}  scope {}",
-            key_label(&self.root.key, show_keys),
-            self.scope
-        );
+        println!("scope {}", self.scope);
         print_node(&self.root, "", "", show_keys);
         println!();
         println!("effects (one line per key and store; a key has at most one record per store):");
