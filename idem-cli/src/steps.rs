@@ -16,8 +16,8 @@ use std::process::Command;
 use idem_runtime::registry::PRINT_STEPS_ENV;
 use serde_json::json;
 
+use crate::cli::{open_all, Failure, StepsArgs, FOUND, OK};
 use crate::output::{json as print_json, table};
-use crate::{open_all, Failure, StepsArgs, FOUND, OK};
 
 /// A step a build declares.
 #[derive(Debug, Clone, PartialEq, Eq)]

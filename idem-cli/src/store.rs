@@ -19,21 +19,29 @@ pub enum StoreError {
     /// The database could not be reached or opened.
     #[error("store {name}: cannot open {location}: {source}")]
     Open {
+        /// The store's name.
         name: String,
+        /// Where it was looked for (any password hidden).
         location: String,
+        /// The driver's error.
         source: sqlx::Error,
     },
     /// A query failed (no idem table, permissions, a dropped connection).
     #[error("store {name}: {source}{hint}")]
     Query {
+        /// The store's name.
         name: String,
+        /// The driver's error.
         source: sqlx::Error,
+        /// What to check.
         hint: &'static str,
     },
     /// Migrating failed.
     #[error("store {name}: migration failed: {source}")]
     Migrate {
+        /// The store's name.
         name: String,
+        /// The migrator's error.
         source: sqlx::migrate::MigrateError,
     },
 }
