@@ -194,15 +194,20 @@ impl KeyRecord {
             .collect()
     }
 
-    /// The body's first `chars` characters as text, or a byte count for binary bodies.
+    /// The body's first `chars` characters as text (line breaks as spaces,
+    /// `…` when cut), or its size for a body that is not UTF-8.
     pub fn body_text(&self, chars: usize) -> Option<String> {
         let body = self.body_excerpt.as_ref()?;
-        let text = String::from_utf8_lossy(body);
         let total = self.body_bytes.unwrap_or(body.len() as i64);
+        let text = match std::str::from_utf8(body) {
+            Ok(text) => text,
+            // The excerpt cut a character in two: keep what precedes it.
+            Err(error) if error.error_len().is_none() => {
+                std::str::from_utf8(&body[..error.valid_up_to()]).unwrap_or_default()
+            }
+            Err(_) => return Some(format!("<{total} bytes, not text>")),
+        };
         let mut shown: String = text.chars().take(chars).collect();
-        if shown.contains('\u{fffd}') && !text.is_empty() && text.chars().all(|c| c == '\u{fffd}') {
-            return Some(format!("<{total} bytes of binary>"));
-        }
         if (shown.len() as i64) < total {
             shown.push('…');
         }
@@ -461,6 +466,42 @@ impl Store {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn with_body(body: &[u8], total: i64) -> KeyRecord {
+        KeyRecord {
+            scope: "4:acme".into(),
+            key: "k".into(),
+            step: "a.v1".into(),
+            status: "completed".into(),
+            fingerprint: vec![0xab; 32],
+            response_status: Some(200),
+            response_content_type: None,
+            body_excerpt: Some(body.to_vec()),
+            body_bytes: Some(total),
+            created_at_ms: 0,
+            locked_until_ms: 0,
+            expires_at_ms: 10,
+            read_at_ms: 5,
+        }
+    }
+
+    #[test]
+    fn shows_bodies_as_text_when_they_are() {
+        assert_eq!(
+            with_body(b"{\"a\":\n1}", 8).body_text(80).unwrap(),
+            "{\"a\": 1}"
+        );
+        assert_eq!(with_body(b"abcdef", 6).body_text(3).unwrap(), "abc…");
+        // An excerpt that ends inside a character.
+        let euro = "€".as_bytes();
+        assert_eq!(with_body(&euro[..2], 3).body_text(80).unwrap(), "…");
+        assert_eq!(
+            with_body(&[0xff, 0x00, 0x01], 3).body_text(80).unwrap(),
+            "<3 bytes, not text>"
+        );
+        assert_eq!(with_body(b"", 0).fingerprint_prefix(), "abababab");
+        assert!(!with_body(b"", 0).expired());
+    }
 
     #[test]
     fn reads_named_and_unnamed_stores() {

@@ -82,7 +82,8 @@ impl<DB: Backend> Engine<DB> {
     /// Spawns a task that purges expired records about every `every`, in
     /// batches of `batch`: first after a random part of `every`, then after
     /// `every` ± 10 %, so replicas do not purge in lockstep. Keep the handle
-    /// and call [`Purger::shutdown`] when the service stops.
+    /// and call [`Purger::shutdown`] when the service stops (dropping it stops
+    /// the purger too).
     ///
     /// ```no_run
     /// # async fn demo(engine: idem_runtime::Engine<sqlx::Postgres>) {
@@ -122,8 +123,11 @@ impl<DB: Backend> Engine<DB> {
     }
 }
 
-/// A running purger (see [`Engine::spawn_purger`]).
+/// A running purger (see [`Engine::spawn_purger`]). Dropping the handle
+/// stops the purger as [`Purger::shutdown`] does, without waiting: keep it
+/// for as long as the service runs.
 #[derive(Debug)]
+#[must_use = "dropping a Purger stops it; keep it and call shutdown() when the service stops"]
 pub struct Purger {
     stop: watch::Sender<bool>,
     task: JoinHandle<()>,
