@@ -1,5 +1,7 @@
 //! Every metric the engine records (`idem_runtime::metrics`), after a known
-//! sequence of claims, on a real SQLite file and a real Postgres database.
+//! sequence of claims, on a real SQLite file and a real Postgres database;
+//! and the series the outbox relay and the inbox consumer record through the
+//! same module.
 //! One recorder serves the whole process, so the scenarios run in one test,
 //! each backend under its own step names (the `step` label keeps them apart).
 
@@ -8,7 +10,11 @@ mod support;
 use std::collections::HashMap;
 use std::time::Duration;
 
-use idem_runtime::metrics::{CLAIMS, CLAIM_WAIT, HANDLER_DURATION, PURGE_DURATION, PURGE_ROWS};
+use idem_runtime::metrics::{
+    inbox_message, outbox_pending, outbox_published, outbox_relay_lag, Delivery, InboxResult,
+    CLAIMS, CLAIM_WAIT, HANDLER_DURATION, INBOX_MESSAGES, OUTBOX_DEAD, OUTBOX_OLDEST_PENDING,
+    OUTBOX_PENDING, OUTBOX_PUBLISHED, OUTBOX_RELAY_LAG, PURGE_DURATION, PURGE_ROWS,
+};
 use idem_runtime::{
     Claim, ClaimMode, Disposition, FailureMode, IdemError, IdempotencyKey, Operation, Policy,
     Problem, Scope, StoredResponse,
@@ -96,6 +102,7 @@ async fn play<DB: TestBackend>(h: Harness<DB>, step: &'static str) {
 struct Seen {
     counters: HashMap<(String, Vec<(String, String)>), u64>,
     histograms: HashMap<(String, Vec<(String, String)>), usize>,
+    gauges: HashMap<String, f64>,
 }
 
 fn seen(snapshotter: &Snapshotter) -> Seen {
@@ -113,7 +120,9 @@ fn seen(snapshotter: &Snapshotter) -> Seen {
             DebugValue::Histogram(values) => {
                 *seen.histograms.entry(id).or_default() += values.len()
             }
-            DebugValue::Gauge(_) => {}
+            DebugValue::Gauge(value) => {
+                seen.gauges.insert(id.0, value.into_inner());
+            }
         }
     }
     seen
@@ -180,6 +189,16 @@ async fn every_metric_is_recorded_on_both_backends() {
     )
     .await;
 
+    // What the outbox relay and the inbox consumer record.
+    outbox_pending(4, Duration::from_millis(2500));
+    outbox_published("webhooks", Delivery::Ok);
+    outbox_published("webhooks", Delivery::Retry);
+    outbox_published("webhooks", Delivery::Dead);
+    outbox_relay_lag("webhooks", Duration::from_millis(40));
+    inbox_message("ledger", InboxResult::Processed);
+    inbox_message("ledger", InboxResult::Duplicate);
+    inbox_message("ledger", InboxResult::Poison);
+
     let seen = seen(&snapshotter);
     check(&seen, "metrics-sqlite.v1");
     check(&seen, "metrics-postgres.v1");
@@ -193,4 +212,25 @@ async fn every_metric_is_recorded_on_both_backends() {
         2,
         "{seen:#?}"
     );
+
+    assert_eq!(seen.gauges[OUTBOX_PENDING], 4.0);
+    assert_eq!(seen.gauges[OUTBOX_OLDEST_PENDING], 2.5);
+    for result in ["ok", "retry", "dead"] {
+        let id = (
+            OUTBOX_PUBLISHED.to_owned(),
+            labels(&[("sink", "webhooks"), ("result", result)]),
+        );
+        assert_eq!(seen.counters[&id], 1, "{result}: {seen:#?}");
+    }
+    let dead = (OUTBOX_DEAD.to_owned(), labels(&[("sink", "webhooks")]));
+    assert_eq!(seen.counters[&dead], 1);
+    let lag = (OUTBOX_RELAY_LAG.to_owned(), labels(&[("sink", "webhooks")]));
+    assert_eq!(seen.histograms[&lag], 1);
+    for result in ["processed", "duplicate", "poison"] {
+        let id = (
+            INBOX_MESSAGES.to_owned(),
+            labels(&[("consumer", "ledger"), ("result", result)]),
+        );
+        assert_eq!(seen.counters[&id], 1, "{result}: {seen:#?}");
+    }
 }
