@@ -87,6 +87,12 @@ async fn main() -> ExitCode {
         .with_ansi(std::io::stderr().is_terminal())
         .with_target(false)
         .init();
+    // With IDEM_PRINT_STEPS set this prints the declared steps and exits
+    // (`idem steps --declared-by`); otherwise it checks them.
+    if let Err(problems) = idem::registry::check() {
+        eprintln!("{problems}");
+        return ExitCode::FAILURE;
+    }
     let args = match parse_args() {
         Ok(args) => args,
         Err(message) => {

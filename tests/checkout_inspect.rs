@@ -1,6 +1,7 @@
 //! `idem inspect` on the checkout demo's databases: the demo run with
 //! `--keep-dbs`, then every order inspected across the order service's and
-//! the payments service's stores, as the README shows.
+//! the payments service's stores, as the README shows; and the payments
+//! example telling `idem steps --declared-by` its declared steps.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -64,4 +65,11 @@ async fn every_order_of_the_demo_was_charged_exactly_once() {
         );
         assert!(!found.needs_attention(), "{key}");
     }
+}
+
+#[test]
+fn the_payments_example_tells_its_steps() {
+    let declared = idem_cli::steps::declared_by(&example("payments")).unwrap();
+    assert_eq!(declared.keys().collect::<Vec<_>>(), ["create-payment.v1"]);
+    assert!(!declared["create-payment.v1"].retired);
 }

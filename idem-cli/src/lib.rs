@@ -28,7 +28,7 @@
 mod cli;
 pub mod inspect;
 mod output;
-mod steps;
+pub mod steps;
 pub mod store;
 
 pub use cli::main;
