@@ -6,7 +6,8 @@
 //!                        orders.db                          payments.db
 //! ```
 //!
-//! `cargo run --example checkout`
+//! `cargo run --example checkout [-- --keep-dbs DIR]` (keeps `orders.db` and
+//! `payments.db` in `DIR` for `idem inspect`)
 //!
 //! The order service's `POST /checkout` is an `#[idempotent(http)]` handler:
 //! it charges the card through the mesh with the derived key
@@ -561,6 +562,23 @@ fn client_no_answer(_attempt: u32, error: &reqwest_middleware::Error) -> String 
     }
 }
 
+/// Where the demo's two SQLite files live.
+enum StoreDir {
+    /// Removed when the demo ends.
+    Temporary(tempfile::TempDir),
+    /// Kept for inspection (`--keep-dbs DIR`).
+    Kept(std::path::PathBuf),
+}
+
+impl StoreDir {
+    fn path(&self) -> &std::path::Path {
+        match self {
+            StoreDir::Temporary(dir) => dir.path(),
+            StoreDir::Kept(dir) => dir,
+        }
+    }
+}
+
 #[tokio::main]
 async fn main() -> ExitCode {
     match run().await {
@@ -583,7 +601,19 @@ async fn run() -> Result<bool, BoxError> {
         }
     }));
 
-    let dir = tempfile::tempdir()?;
+    // `--keep-dbs DIR`: keep orders.db and payments.db in DIR (for `idem inspect`).
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let dir = match args.as_slice() {
+        [] => StoreDir::Temporary(tempfile::tempdir()?),
+        [flag, dir] if flag == "--keep-dbs" => {
+            std::fs::create_dir_all(dir)?;
+            for file in ["orders.db", "payments.db"] {
+                let _ = std::fs::remove_file(std::path::Path::new(dir).join(file));
+            }
+            StoreDir::Kept(dir.into())
+        }
+        _ => return Err("usage: checkout [--keep-dbs DIR]".into()),
+    };
     let trace = Trace::default();
 
     // payments: migrates, validates the step registry, serves.

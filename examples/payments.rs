@@ -9,6 +9,9 @@
 //!   `{"amount_cents", "currency", "destination", "requested_at"?}`) → 201.
 //! - `GET /payments` (header `X-Tenant-Id`) → 200 `{"count", "payments"}`.
 //! - `GET /healthz` → 200, or 503 when the store does not answer.
+//! - `GET /metrics` → idem's metrics (`idem_runtime::metrics`) as Prometheus
+//!   text, through `metrics-exporter-prometheus`: the example installs the
+//!   exporter; the library only records through the `metrics` facade.
 //!
 //! The store is the SQLite file `idem-payments.db` in the working directory
 //! unless `--database-url` names another file or a `postgres://` database.
@@ -84,6 +87,12 @@ async fn main() -> ExitCode {
         .with_ansi(std::io::stderr().is_terminal())
         .with_target(false)
         .init();
+    // With IDEM_PRINT_STEPS set this prints the declared steps and exits
+    // (`idem steps --declared-by`); otherwise it checks them.
+    if let Err(problems) = idem::registry::check() {
+        eprintln!("{problems}");
+        return ExitCode::FAILURE;
+    }
     let args = match parse_args() {
         Ok(args) => args,
         Err(message) => {
@@ -101,8 +110,12 @@ async fn main() -> ExitCode {
 }
 
 async fn run(args: Args) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    let prometheus = metrics_exporter_prometheus::PrometheusBuilder::new().install_recorder()?;
     let store = Store::open(args.database_url.as_deref()).await?;
-    let app = store.router(args.config);
+    let app = store.router(args.config).route(
+        "/metrics",
+        axum::routing::get(move || std::future::ready(prometheus.render())),
+    );
     let listener = tokio::net::TcpListener::bind(args.listen).await?;
     let addr = listener.local_addr()?;
     tracing::info!(

@@ -3,12 +3,13 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use sqlx::{Pool, Transaction};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::error::{whole_seconds, IdemError};
+use crate::metrics;
 use crate::operation::Operation;
 use crate::outcome::{Outcome, ReplayError, StoredResponse};
 use crate::policy::{ClaimMode, FailureMode, Policy};
@@ -289,6 +290,13 @@ impl<DB: Backend> Engine<DB> {
     /// Claims `op`'s key. The lower-level form of [`Engine::run`], for callers
     /// that do their work in straight-line code rather than a closure.
     pub async fn claim(&self, op: &Operation) -> Result<Claim<DB>, IdemError> {
+        let asked = Instant::now();
+        let answer = self.claim_unrecorded(op).await;
+        metrics::claim(op.step, &answer, asked.elapsed());
+        answer
+    }
+
+    async fn claim_unrecorded(&self, op: &Operation) -> Result<Claim<DB>, IdemError> {
         let policy = op.policy.unwrap_or(self.policy);
         let mut conn = match self.pool.acquire().await {
             Ok(conn) => conn,
@@ -372,6 +380,7 @@ impl<DB: Backend> Engine<DB> {
             // A durable claim has committed its record and no longer holds the
             // write lock while the work runs; a transactional one holds both.
             permit: if token.is_none() { permit } else { None },
+            claimed_at: Instant::now(),
         };
         Ok(Claim::Execute(guard))
     }
@@ -403,51 +412,10 @@ impl<DB: Backend> Engine<DB> {
                 token: None,
                 pool: self.pool.clone(),
                 permit: None,
+                claimed_at: Instant::now(),
             })),
             Err(error) => Err(unavailable(policy, error)),
         }
-    }
-
-    /// Deletes expired records in batches of `batch` (by primary key, oldest
-    /// first, each batch starting where the last one stopped) until none are
-    /// left; returns how many went. Short batches keep claims unblocked,
-    /// and a pause of three times as long as each full batch took leaves the
-    /// database at least three quarters of its time for claims while a large
-    /// backlog drains.
-    pub async fn purge_expired(&self, batch: u32) -> Result<u64, sqlx::Error> {
-        let batch = batch.max(1);
-        let mut total = 0;
-        let mut from = 0;
-        loop {
-            let started = std::time::Instant::now();
-            let (deleted, next) = DB::purge_batch(&self.pool, batch, from).await?;
-            total += deleted;
-            if deleted < u64::from(batch) {
-                return Ok(total);
-            }
-            from = next;
-            tokio::time::sleep(started.elapsed() * PURGE_PAUSE_FACTOR).await;
-        }
-    }
-
-    /// Spawns a task that purges expired records every `every`, in batches of
-    /// `batch`. Abort the handle to stop it.
-    pub fn spawn_purger(&self, every: Duration, batch: u32) -> tokio::task::JoinHandle<()> {
-        let engine = self.clone();
-        tokio::spawn(async move {
-            let mut ticker = tokio::time::interval(every);
-            ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                ticker.tick().await;
-                match engine.purge_expired(batch).await {
-                    Ok(0) => {}
-                    Ok(deleted) => tracing::debug!(deleted, "purged expired idempotency records"),
-                    Err(error) => {
-                        tracing::warn!(%error, "purging expired idempotency records failed")
-                    }
-                }
-            }
-        })
     }
 
     /// The steps that still have unexpired records in the store, sorted.
@@ -472,6 +440,8 @@ pub struct ClaimGuard<DB: Backend> {
     pool: Pool<DB>,
     /// This engine's write gate, held until commit or rollback.
     permit: Option<OwnedSemaphorePermit>,
+    /// When the claim was granted: the work's duration is measured from here.
+    claimed_at: Instant,
 }
 
 impl<DB: Backend> std::ops::Deref for ClaimGuard<DB> {
@@ -513,8 +483,16 @@ impl<DB: Backend> ClaimGuard<DB> {
         Ok(Answer { value, via })
     }
 
-    /// Stores the response and commits, or rolls back on `None`.
+    /// Stores the response and commits, or rolls back on `None`; records
+    /// the work's duration and how the claim ended.
     async fn settle(self, response: Option<StoredResponse>) -> Result<(), IdemError> {
+        let (step, worked) = (self.op.step, self.claimed_at.elapsed());
+        let result = self.settle_unrecorded(response).await;
+        metrics::finished(step, worked, &result);
+        result
+    }
+
+    async fn settle_unrecorded(self, response: Option<StoredResponse>) -> Result<(), IdemError> {
         let Self {
             mut tx,
             op,
@@ -524,6 +502,7 @@ impl<DB: Backend> ClaimGuard<DB> {
             token,
             pool,
             permit: _permit,
+            claimed_at: _,
         } = self;
         let response = match response {
             Some(response) => response,
@@ -581,9 +560,6 @@ fn decide(record: Option<Record>, op: &Operation) -> Decision {
         (RecordStatus::InProgress, _, None) => Decision::Execute(Via::TookOver),
     }
 }
-
-/// How much longer than a full purge batch took the purger pauses before the next.
-const PURGE_PAUSE_FACTOR: u32 = 3;
 
 /// A duplicate waited its bound for an uncommitted claim whose lock time is unknown.
 fn in_progress_unknown() -> IdemError {

@@ -194,6 +194,7 @@ impl std::error::Error for RegistryErrors {}
 /// idem_runtime::registry::check().expect("steps are consistent");
 /// ```
 pub fn check() -> Result<(), RegistryErrors> {
+    print_declarations_if_asked();
     into_result(problems(&declared(), &used(), None))
 }
 
@@ -209,8 +210,42 @@ pub fn check() -> Result<(), RegistryErrors> {
 /// # Ok(()) }
 /// ```
 pub async fn validate<DB: Backend>(engine: &Engine<DB>) -> Result<(), RegistryErrors> {
+    print_declarations_if_asked();
     let live = engine.live_steps().await.map_err(|error| error.to_string());
     into_result(problems(&declared(), &used(), Some(live)))
+}
+
+/// When this environment variable is set, [`check`] and [`validate`] print
+/// the program's step declarations to standard output, one line each
+/// (`idem-step <name> active|retired`), and exit the process with status 0.
+/// This is how `idem steps --declared-by <binary>` learns which steps a build
+/// declares without a store or a running service.
+pub const PRINT_STEPS_ENV: &str = "IDEM_PRINT_STEPS";
+
+/// The line [`PRINT_STEPS_ENV`] prints for one declaration.
+///
+/// ```
+/// use idem_runtime::registry::{declaration_line, Location, StepDeclaration};
+/// let at = Location { item: "app::CHARGE", file: "src/steps.rs", line: 3 };
+/// let line = declaration_line(&StepDeclaration::new("charge-card.v1", true, at));
+/// assert_eq!(line, "idem-step charge-card.v1 retired");
+/// ```
+pub fn declaration_line(declaration: &StepDeclaration) -> String {
+    let state = if declaration.retired {
+        "retired"
+    } else {
+        "active"
+    };
+    format!("idem-step {} {state}", declaration.name)
+}
+
+fn print_declarations_if_asked() {
+    if std::env::var_os(PRINT_STEPS_ENV).is_some() {
+        for declaration in declared() {
+            println!("{}", declaration_line(&declaration));
+        }
+        std::process::exit(0);
+    }
 }
 
 fn into_result(problems: Vec<RegistryProblem>) -> Result<(), RegistryErrors> {

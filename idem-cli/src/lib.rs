@@ -1,0 +1,34 @@
+//! The `idem` command: look into, clean and migrate idem's key stores, on SQLite files and
+//! Postgres databases alike.
+//!
+//! ```text
+//! idem inspect --key K --scope TENANT [--step STEP ...] --store NAME=URL ...
+//! idem keys list   --store URL [--scope TENANT] [--step STEP] [--status S] [--expired] [--limit N]
+//! idem keys show   --store URL --key K --scope TENANT
+//! idem keys delete --store URL --key K --scope TENANT [--yes]
+//! idem purge       --store URL [--batch N] [--dry-run]
+//! idem migrate     --store URL [--check]
+//! idem steps       --store NAME=URL ... [--declared a.v1,b.v2] [--declared-by BINARY]
+//! ```
+//!
+//! A store is `NAME=URL` or just a URL: `postgres://…` (or `postgresql://…`),
+//! `sqlite:…`, or a SQLite file path. `--json` prints JSON for scripts;
+//! keys are printed as `#` and their log tag (the first 12 hex digits of
+//! their SHA-256, as idem's logs show them) unless `--show-keys` is given.
+//!
+//! Exit codes: 0 done, nothing to report; 1 found something (a record in
+//! progress or missing, pending migrations, live keys of an undeclared step,
+//! no record to show or delete); 2 usage error; 3 a store could not be opened
+//! or queried.
+
+//!
+//! The binary is `idem` (`cargo install --path idem-cli`); this library holds
+//! its parts, so tests elsewhere in the workspace can reach the same code.
+
+mod cli;
+pub mod inspect;
+mod output;
+pub mod steps;
+pub mod store;
+
+pub use cli::main;

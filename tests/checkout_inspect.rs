@@ -1,0 +1,75 @@
+//! `idem inspect` on the checkout demo's databases: the demo run with
+//! `--keep-dbs`, then every order inspected across the order service's and
+//! the payments service's stores, as the README shows; and the payments
+//! example telling `idem steps --declared-by` its declared steps.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use idem_cli::inspect::inspect;
+use idem_cli::store::{OpenMode, Store, StoreSpec};
+use idem_runtime::Scope;
+
+fn example(name: &str) -> PathBuf {
+    // Tests run from target/<profile>/deps; examples are built into target/<profile>/examples.
+    let exe = std::env::current_exe().unwrap();
+    let binary = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .unwrap()
+        .join("examples")
+        .join(format!("{name}{}", std::env::consts::EXE_SUFFIX));
+    assert!(
+        binary.is_file(),
+        "{} is missing: `cargo test` builds it; with `--test checkout_inspect` alone run `cargo build --example {name}` first",
+        binary.display()
+    );
+    binary
+}
+
+#[tokio::test]
+async fn every_order_of_the_demo_was_charged_exactly_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let kept = dir.path().join("dbs");
+    let output = Command::new(example("checkout"))
+        .args(["--keep-dbs", &kept.display().to_string()])
+        .output()
+        .expect("run the checkout demo");
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stdout)
+    );
+
+    let mut stores = Vec::new();
+    for name in ["orders", "payments"] {
+        let spec: StoreSpec = format!("{name}={}", kept.join(format!("{name}.db")).display())
+            .parse()
+            .unwrap();
+        let store = Store::open(&spec, OpenMode::Existing).await.unwrap();
+        stores.push((spec, store));
+    }
+    let scope = Scope::tenant("shop-1").to_string();
+    for order in 1001..=1006 {
+        let key = format!("key-ord-{order}");
+        let found = inspect(&stores, &scope, &key, &["charge-card.v1".to_owned()])
+            .await
+            .unwrap();
+        assert_eq!(
+            found.effects(),
+            [
+                "K in orders: completed once, response 201 (place-order.v1)",
+                "child(K, charge-card.v1) in payments: completed once, response 201 (create-payment.v1)",
+            ],
+            "{key}"
+        );
+        assert!(!found.needs_attention(), "{key}");
+    }
+}
+
+#[test]
+fn the_payments_example_tells_its_steps() {
+    let declared = idem_cli::steps::declared_by(&example("payments")).unwrap();
+    assert_eq!(declared.keys().collect::<Vec<_>>(), ["create-payment.v1"]);
+    assert!(!declared["create-payment.v1"].retired);
+}

@@ -1,0 +1,233 @@
+//! Every metric the engine records (`idem_runtime::metrics`), after a known
+//! sequence of claims, on a real SQLite file and a real Postgres database;
+//! and the series the outbox relay and the inbox consumer record through the
+//! same module.
+//! One recorder serves the whole process, so the scenarios run in one test,
+//! each backend under its own step names (the `step` label keeps them apart).
+
+mod support;
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use idem_runtime::metrics::{
+    inbox_message, outbox_pending, outbox_published, outbox_relay_lag, Delivery, InboxResult,
+    CLAIMS, CLAIM_WAIT, HANDLER_DURATION, INBOX_MESSAGES, OUTBOX_DEAD, OUTBOX_OLDEST_PENDING,
+    OUTBOX_PENDING, OUTBOX_PUBLISHED, OUTBOX_RELAY_LAG, PURGE_DURATION, PURGE_ROWS,
+};
+use idem_runtime::{
+    Claim, ClaimMode, FailureMode, IdemError, IdempotencyKey, Operation, Policy, Problem, Scope,
+    StoredResponse,
+};
+use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
+use support::{Harness, TestBackend};
+
+fn operation(step: &'static str, key: &str, amount: i64) -> Operation {
+    Operation::new(
+        Scope::tenant("acme"),
+        IdempotencyKey::new(key).unwrap(),
+        step,
+        &amount,
+    )
+}
+
+async fn charge<DB: TestBackend>(h: &Harness<DB>, op: &Operation) -> Result<i64, IdemError> {
+    h.engine
+        .run(op, async move |_tx| Ok::<i64, Problem>(1))
+        .await
+        .map(|done| done.value.unwrap())
+}
+
+/// Plays each outcome once (executed twice), then a purge of three records.
+async fn play<DB: TestBackend>(h: Harness<DB>, step: &'static str) {
+    // executed, replayed, mismatch
+    charge(&h, &operation(step, "a", 1)).await.unwrap();
+    charge(&h, &operation(step, "a", 1)).await.unwrap();
+    assert!(matches!(
+        charge(&h, &operation(step, "a", 2)).await,
+        Err(IdemError::Mismatch)
+    ));
+    // in_progress: a durable claim holds the key
+    let durable = Policy::default()
+        .with_claim_mode(ClaimMode::Durable)
+        .with_lock_ttl(Duration::from_millis(300));
+    let held = operation(step, "held", 1).with_policy(durable);
+    let Ok(Claim::Execute(first)) = h.engine.claim(&held).await else {
+        panic!("the first claim executes")
+    };
+    assert!(matches!(
+        h.engine.claim(&held).await,
+        Err(IdemError::InProgress { .. })
+    ));
+    // took_over, then the first attempt is fenced
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let Ok(Claim::Execute(second)) = h.engine.claim(&held).await else {
+        panic!("the second claim takes over")
+    };
+    let stored = StoredResponse {
+        status: 200,
+        content_type: "application/json".into(),
+        body: b"1".to_vec(),
+    };
+    second.commit(stored.clone()).await.unwrap();
+    assert!(matches!(
+        first.commit(stored).await,
+        Err(IdemError::LockLost)
+    ));
+    // a purge of three expired records
+    let short = Policy::default().with_retention(Duration::from_millis(1));
+    for key in ["x1", "x2", "x3"] {
+        charge(&h, &operation(step, key, 1).with_policy(short))
+            .await
+            .unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert_eq!(h.engine.purge_expired(2).await.unwrap(), 3);
+    // failed_open, unavailable: the store's table is gone
+    h.break_key_table().await;
+    let open = Policy::default().with_failure_mode(FailureMode::Open);
+    charge(&h, &operation(step, "down", 1).with_policy(open))
+        .await
+        .unwrap();
+    assert!(matches!(
+        charge(&h, &operation(step, "down", 1)).await,
+        Err(IdemError::Unavailable { .. })
+    ));
+}
+
+#[derive(Default, Debug)]
+struct Seen {
+    counters: HashMap<(String, Vec<(String, String)>), u64>,
+    histograms: HashMap<(String, Vec<(String, String)>), usize>,
+    gauges: HashMap<String, f64>,
+}
+
+fn seen(snapshotter: &Snapshotter) -> Seen {
+    let mut seen = Seen::default();
+    for (key, _, _, value) in snapshotter.snapshot().into_vec() {
+        let key = key.key();
+        let mut labels: Vec<(String, String)> = key
+            .labels()
+            .map(|l| (l.key().to_owned(), l.value().to_owned()))
+            .collect();
+        labels.sort();
+        let id = (key.name().to_owned(), labels);
+        match value {
+            DebugValue::Counter(n) => *seen.counters.entry(id).or_default() += n,
+            DebugValue::Histogram(values) => {
+                *seen.histograms.entry(id).or_default() += values.len()
+            }
+            DebugValue::Gauge(value) => {
+                seen.gauges.insert(id.0, value.into_inner());
+            }
+        }
+    }
+    seen
+}
+
+fn labels(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+    let mut labels: Vec<_> = pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    labels.sort();
+    labels
+}
+
+fn check(seen: &Seen, step: &str) {
+    let claims = |outcome: &str| {
+        seen.counters
+            .get(&(
+                CLAIMS.to_owned(),
+                labels(&[("step", step), ("outcome", outcome)]),
+            ))
+            .copied()
+            .unwrap_or(0)
+    };
+    // a, the first claim of `held`, x1, x2, x3
+    assert_eq!(claims("executed"), 5, "{seen:#?}");
+    for outcome in [
+        "replayed",
+        "mismatch",
+        "in_progress",
+        "took_over",
+        "fenced",
+        "failed_open",
+        "unavailable",
+    ] {
+        assert_eq!(claims(outcome), 1, "{outcome}: {seen:#?}");
+    }
+    let histogram = |name: &str| {
+        seen.histograms
+            .get(&(name.to_owned(), labels(&[("step", step)])))
+            .copied()
+            .unwrap_or(0)
+    };
+    // Every claim's answer is timed: 5 executed + 6 others (fenced is a finish).
+    assert_eq!(histogram(CLAIM_WAIT), 11, "{seen:#?}");
+    // Every finished claim's work: a, x1-x3, the taken-over one, the fenced one, the failed-open one.
+    assert_eq!(histogram(HANDLER_DURATION), 7, "{seen:#?}");
+}
+
+#[tokio::test]
+async fn every_metric_is_recorded_on_both_backends() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    metrics::set_global_recorder(recorder).expect("the only recorder in this process");
+
+    play(
+        support::sqlite(Policy::default()).await,
+        "metrics-sqlite.v1",
+    )
+    .await;
+    play(
+        support::postgres(Policy::default()).await,
+        "metrics-postgres.v1",
+    )
+    .await;
+
+    // What the outbox relay and the inbox consumer record.
+    outbox_pending(4, Duration::from_millis(2500));
+    outbox_published("webhooks", Delivery::Ok);
+    outbox_published("webhooks", Delivery::Retry);
+    outbox_published("webhooks", Delivery::Dead);
+    outbox_relay_lag("webhooks", Duration::from_millis(40));
+    inbox_message("ledger", InboxResult::Processed);
+    inbox_message("ledger", InboxResult::Duplicate);
+    inbox_message("ledger", InboxResult::Poison);
+
+    let seen = seen(&snapshotter);
+    check(&seen, "metrics-sqlite.v1");
+    check(&seen, "metrics-postgres.v1");
+    assert_eq!(
+        seen.counters[&(PURGE_ROWS.to_owned(), vec![])],
+        6,
+        "{seen:#?}"
+    );
+    assert_eq!(
+        seen.histograms[&(PURGE_DURATION.to_owned(), labels(&[("result", "ok")]))],
+        2,
+        "{seen:#?}"
+    );
+
+    assert_eq!(seen.gauges[OUTBOX_PENDING], 4.0);
+    assert_eq!(seen.gauges[OUTBOX_OLDEST_PENDING], 2.5);
+    for result in ["ok", "retry", "dead"] {
+        let id = (
+            OUTBOX_PUBLISHED.to_owned(),
+            labels(&[("sink", "webhooks"), ("result", result)]),
+        );
+        assert_eq!(seen.counters[&id], 1, "{result}: {seen:#?}");
+    }
+    let dead = (OUTBOX_DEAD.to_owned(), labels(&[("sink", "webhooks")]));
+    assert_eq!(seen.counters[&dead], 1);
+    let lag = (OUTBOX_RELAY_LAG.to_owned(), labels(&[("sink", "webhooks")]));
+    assert_eq!(seen.histograms[&lag], 1);
+    for result in ["processed", "duplicate", "poison"] {
+        let id = (
+            INBOX_MESSAGES.to_owned(),
+            labels(&[("consumer", "ledger"), ("result", result)]),
+        );
+        assert_eq!(seen.counters[&id], 1, "{result}: {seen:#?}");
+    }
+}
