@@ -34,9 +34,12 @@
 //! | `fenced` | a durable claim's lock was taken over while the work ran; this attempt rolled back |
 //! | `error` | anything else (a stored answer that no longer decodes, a work timeout) |
 //!
-//! The outbox and inbox rows are recorded by the relay and the consumer through
-//! [`outbox_pending`], [`outbox_published`], [`outbox_dead`],
-//! [`outbox_relay_lag`] and [`inbox_message`].
+//! The relay records the outbox rows (the two gauges after a round, at most
+//! once per poll interval, from one backlog query; the rest as it settles each
+//! message) and the inbox records `idem_inbox_messages_total` for each message
+//! it processes, finds a duplicate of, or poisons, through [`outbox_pending`],
+//! [`outbox_published`], [`outbox_dead`], [`outbox_relay_lag`] and
+//! [`inbox_message`].
 
 use std::time::Duration;
 
@@ -212,21 +215,21 @@ impl Delivery {
 /// use idem_runtime::metrics::{outbox_published, Delivery};
 /// outbox_published("webhooks", Delivery::Ok);
 /// ```
-pub fn outbox_published(sink: &'static str, result: Delivery) {
-    metrics::counter!(OUTBOX_PUBLISHED, "sink" => sink, "result" => result.as_str()).increment(1);
+pub fn outbox_published(sink: &str, result: Delivery) {
+    metrics::counter!(OUTBOX_PUBLISHED, "sink" => sink.to_owned(), "result" => result.as_str()).increment(1);
     if result == Delivery::Dead {
         outbox_dead(sink);
     }
 }
 
 /// Counts a message given up on by `sink`'s relay.
-pub fn outbox_dead(sink: &'static str) {
-    metrics::counter!(OUTBOX_DEAD, "sink" => sink).increment(1);
+pub fn outbox_dead(sink: &str) {
+    metrics::counter!(OUTBOX_DEAD, "sink" => sink.to_owned()).increment(1);
 }
 
 /// Records the lag from a message's commit to its delivery through `sink`.
-pub fn outbox_relay_lag(sink: &'static str, lag: Duration) {
-    metrics::histogram!(OUTBOX_RELAY_LAG, "sink" => sink).record(lag.as_secs_f64());
+pub fn outbox_relay_lag(sink: &str, lag: Duration) {
+    metrics::histogram!(OUTBOX_RELAY_LAG, "sink" => sink.to_owned()).record(lag.as_secs_f64());
 }
 
 /// What a consumer did with one message: the `result` label of [`INBOX_MESSAGES`].
@@ -257,7 +260,7 @@ impl InboxResult {
 /// use idem_runtime::metrics::{inbox_message, InboxResult};
 /// inbox_message("ledger", InboxResult::Duplicate);
 /// ```
-pub fn inbox_message(consumer: &'static str, result: InboxResult) {
-    metrics::counter!(INBOX_MESSAGES, "consumer" => consumer, "result" => result.as_str())
+pub fn inbox_message(consumer: &str, result: InboxResult) {
+    metrics::counter!(INBOX_MESSAGES, "consumer" => consumer.to_owned(), "result" => result.as_str())
         .increment(1);
 }

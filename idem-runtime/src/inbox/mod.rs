@@ -51,11 +51,13 @@ use std::time::Duration;
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;
+use tracing::Instrument;
 
 use crate::engine::{Answer, Engine, Via};
 use crate::error::IdemError;
 use crate::fingerprint::{Fingerprint, FingerprintHasher};
 use crate::key::IdempotencyKey;
+use crate::metrics::{self, InboxResult};
 use crate::operation::Operation;
 use crate::outcome::{ErrorStatus, Outcome, StoredResponse};
 use crate::policy::Policy;
@@ -383,11 +385,28 @@ impl<DB: InboxBackend> Inbox<DB> {
                     .await
             }
         };
-        let done = self
-            .engine
-            .run(&op, async |tx| work(tx, message).await)
-            .await;
-        self.judge(message, &op, done).await
+        let span = self.span(&op);
+        async {
+            let done = self
+                .engine
+                .run(&op, async |tx| work(tx, message).await)
+                .await;
+            self.judge(message, &op, done).await
+        }
+        .instrument(span)
+        .await
+    }
+
+    /// The span one message is handled in: the consumer, the step and the
+    /// message id's log tag (the tag the relay upstream logs it under), never
+    /// the id itself.
+    fn span(&self, op: &Operation) -> tracing::Span {
+        tracing::info_span!(
+            "idem.consume",
+            consumer = self.consumer.name(),
+            step = self.step,
+            key = %op.key().log_tag(),
+        )
     }
 
     /// Runs an `#[idempotent]` function for `message`: `call` gets the
@@ -437,14 +456,19 @@ impl<DB: InboxBackend> Inbox<DB> {
                     .await
             }
         };
-        let done = call(
-            &self.engine,
-            self.consumer.clone(),
-            op.key().clone(),
-            message.clone(),
-        )
-        .await;
-        self.judge(message, &op, done).await
+        let span = self.span(&op);
+        async {
+            let done = call(
+                &self.engine,
+                self.consumer.clone(),
+                op.key().clone(),
+                message.clone(),
+            )
+            .await;
+            self.judge(message, &op, done).await
+        }
+        .instrument(span)
+        .await
     }
 
     async fn judge<T, E>(
@@ -470,8 +494,10 @@ impl<DB: InboxBackend> Inbox<DB> {
         match done.value.to_stored() {
             Some(response) if response.status < 400 => {
                 if replayed {
+                    metrics::inbox_message(self.consumer.name(), InboxResult::Duplicate);
                     Verdict::Duplicate(response)
                 } else {
+                    metrics::inbox_message(self.consumer.name(), InboxResult::Processed);
                     Verdict::Processed(response)
                 }
             }
@@ -567,7 +593,9 @@ impl<DB: InboxBackend> Inbox<DB> {
             },
             reject.map(|op| (op, self.policy.retention)),
         )
-        .await
+        .await?;
+        metrics::inbox_message(self.consumer.name(), InboxResult::Poison);
+        Ok(())
     }
 
     fn backoff_for(&self, deliveries: u32) -> Duration {
@@ -595,22 +623,48 @@ impl<DB: InboxBackend> Inbox<DB> {
     /// transaction, and returns the row, whose payload the transport then
     /// delivers again (see `inbox::nats::NatsInbox::requeue`).
     pub async fn requeue(&self, message_id: &str) -> Result<PoisonMessage, InboxError> {
-        let scope = self.consumer.scope();
-        DB::requeue(
-            self.engine.pool(),
-            scope.as_stored(),
-            self.consumer.name(),
-            message_id,
-        )
-        .await?
-        .ok_or_else(|| InboxError::NotPoisoned {
-            consumer: self.consumer.name().to_owned(),
-            message_id: message_id.to_owned(),
-        })
+        requeue(&self.engine, self.consumer.name(), message_id).await
     }
 
     /// The stored rejection status a poisoned message's record carries.
     pub const REJECTED_STATUS: u16 = REJECTED_STATUS;
+}
+
+/// Up to `limit` messages given up on and not requeued, of `consumer` or of
+/// every consumer, oldest first: what an operator reads without building an
+/// [`Inbox`].
+pub async fn poisoned<DB: InboxBackend>(
+    engine: &Engine<DB>,
+    consumer: Option<&str>,
+    limit: u32,
+) -> Result<Vec<PoisonMessage>, InboxError> {
+    Ok(DB::poisoned_any(engine.pool(), consumer, limit).await?)
+}
+
+/// Every consumer's poison row for `message_id`, requeued or not.
+pub async fn poison_for_message<DB: InboxBackend>(
+    engine: &Engine<DB>,
+    message_id: &str,
+) -> Result<Vec<PoisonMessage>, InboxError> {
+    Ok(DB::poison_for_message(engine.pool(), message_id).await?)
+}
+
+/// [`Inbox::requeue`] for `consumer` without building an [`Inbox`]: deletes
+/// the stored rejection and marks the row `requeued`. The message runs on its
+/// next delivery; a transport that terminated it (JetStream) has to be handed
+/// the returned payload again.
+pub async fn requeue<DB: InboxBackend>(
+    engine: &Engine<DB>,
+    consumer: &str,
+    message_id: &str,
+) -> Result<PoisonMessage, InboxError> {
+    let scope = Consumer::new(consumer).scope();
+    DB::requeue(engine.pool(), scope.as_stored(), consumer, message_id)
+        .await?
+        .ok_or_else(|| InboxError::NotPoisoned {
+            consumer: consumer.to_owned(),
+            message_id: message_id.to_owned(),
+        })
 }
 
 #[cfg(all(test, feature = "sqlite"))]

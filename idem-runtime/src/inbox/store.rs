@@ -80,6 +80,22 @@ pub trait InboxBackend: Backend {
         consumer: &'a str,
     ) -> impl Future<Output = Result<Vec<PoisonMessage>, sqlx::Error>> + Send + 'a;
 
+    /// Up to `limit` rows in state `poison`, of every consumer or of
+    /// `consumer`, oldest first.
+    #[doc(hidden)]
+    fn poisoned_any<'a>(
+        pool: &'a Pool<Self>,
+        consumer: Option<&'a str>,
+        limit: u32,
+    ) -> impl Future<Output = Result<Vec<PoisonMessage>, sqlx::Error>> + Send + 'a;
+
+    /// The rows of `message_id`, of every consumer, whatever their state.
+    #[doc(hidden)]
+    fn poison_for_message<'a>(
+        pool: &'a Pool<Self>,
+        message_id: &'a str,
+    ) -> impl Future<Output = Result<Vec<PoisonMessage>, sqlx::Error>> + Send + 'a;
+
     /// One row, whatever its state.
     #[doc(hidden)]
     fn poison_entry<'a>(
@@ -195,6 +211,34 @@ mod sqlite {
                  ORDER BY poisoned_at, message_id"
             );
             let rows = sqlx::query(&sql).bind(consumer).fetch_all(pool).await?;
+            rows.iter().map(row).collect()
+        }
+
+        async fn poisoned_any<'a>(
+            pool: &'a Pool<Self>,
+            consumer: Option<&'a str>,
+            limit: u32,
+        ) -> Result<Vec<PoisonMessage>, sqlx::Error> {
+            let sql = format!(
+                "SELECT {COLUMNS} FROM idem_poison WHERE state = 'poison' \
+                 AND (?1 IS NULL OR consumer = ?1) ORDER BY poisoned_at, consumer, message_id LIMIT ?2"
+            );
+            let rows = sqlx::query(&sql)
+                .bind(consumer)
+                .bind(i64::from(limit))
+                .fetch_all(pool)
+                .await?;
+            rows.iter().map(row).collect()
+        }
+
+        async fn poison_for_message<'a>(
+            pool: &'a Pool<Self>,
+            message_id: &'a str,
+        ) -> Result<Vec<PoisonMessage>, sqlx::Error> {
+            let sql = format!(
+                "SELECT {COLUMNS} FROM idem_poison WHERE message_id = ?1 ORDER BY consumer"
+            );
+            let rows = sqlx::query(&sql).bind(message_id).fetch_all(pool).await?;
             rows.iter().map(row).collect()
         }
 
@@ -325,6 +369,34 @@ mod postgres {
                  ORDER BY poisoned_at, message_id"
             );
             let rows = sqlx::query(&sql).bind(consumer).fetch_all(pool).await?;
+            rows.iter().map(row).collect()
+        }
+
+        async fn poisoned_any<'a>(
+            pool: &'a Pool<Self>,
+            consumer: Option<&'a str>,
+            limit: u32,
+        ) -> Result<Vec<PoisonMessage>, sqlx::Error> {
+            let sql = format!(
+                "SELECT {COLUMNS} FROM idem_poison WHERE state = 'poison' \
+                 AND ($1::text IS NULL OR consumer = $1) ORDER BY poisoned_at, consumer, message_id LIMIT $2"
+            );
+            let rows = sqlx::query(&sql)
+                .bind(consumer)
+                .bind(i64::from(limit))
+                .fetch_all(pool)
+                .await?;
+            rows.iter().map(row).collect()
+        }
+
+        async fn poison_for_message<'a>(
+            pool: &'a Pool<Self>,
+            message_id: &'a str,
+        ) -> Result<Vec<PoisonMessage>, sqlx::Error> {
+            let sql = format!(
+                "SELECT {COLUMNS} FROM idem_poison WHERE message_id = $1 ORDER BY consumer"
+            );
+            let rows = sqlx::query(&sql).bind(message_id).fetch_all(pool).await?;
             rows.iter().map(row).collect()
         }
 

@@ -362,7 +362,8 @@ where
     }
 }
 
-/// How many messages wait and how many are dead.
+/// How many messages wait, the oldest one's age, the ordering keys a dead
+/// message blocks, and how many are dead.
 pub async fn backlog<DB: OutboxStore>(engine: &Engine<DB>) -> Result<Backlog, OutboxError> {
     Ok(DB::backlog(engine.pool()).await?)
 }
@@ -382,6 +383,15 @@ pub async fn entries_for<DB: OutboxStore>(
     parent_key: &IdempotencyKey,
 ) -> Result<Vec<OutboxEntry>, OutboxError> {
     Ok(DB::entries_for(engine.pool(), scope.as_stored(), parent_key.as_str()).await?)
+}
+
+/// Up to `limit` messages, in `state` if given, newest first.
+pub async fn list<DB: OutboxStore>(
+    engine: &Engine<DB>,
+    state: Option<MessageState>,
+    limit: u32,
+) -> Result<Vec<OutboxEntry>, OutboxError> {
+    Ok(DB::list(engine.pool(), state, limit).await?)
 }
 
 /// Up to `limit` dead messages, oldest first.

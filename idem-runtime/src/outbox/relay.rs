@@ -32,11 +32,14 @@ use std::time::{Duration, Instant};
 use sqlx::Pool;
 use tokio::sync::watch;
 use tokio::task::{JoinHandle, JoinSet};
+use tracing::Instrument;
 
 use super::sink::{Delivered, Sink, SinkError};
 use super::store::{Claimed, OutboxStore, Settlement};
 use super::{DEFAULT_MAX_ATTEMPTS, ENQUEUES, WAKE};
 use crate::engine::Engine;
+use crate::key::IdempotencyKey;
+use crate::metrics::{self, Delivery};
 
 /// How long a relay waits before retrying a transient failure: attempt `n`
 /// (from 1) waits a uniformly random time in `0..=min(cap, base · 2^(n-1))`
@@ -464,7 +467,9 @@ impl<DB: OutboxStore> Relay<DB> {
     /// a loop; this is for tests and for draining from a script.
     pub async fn run_once(&self) -> Result<usize, RelayError> {
         let names: Vec<String> = self.sinks.keys().cloned().collect();
-        Ok(round(self, &names).await?)
+        let claimed = round(self, &names).await?;
+        report_backlog(self).await;
+        Ok(claimed)
     }
 
     /// The counters of [`Relay::run_once`] rounds (a spawned relay's are on
@@ -535,11 +540,16 @@ impl<DB: OutboxStore> Worker<DB> {
     async fn run(self, mut stopped: watch::Receiver<bool>) {
         let relay = &*self.relay;
         let mut next_purge = Instant::now();
+        let mut next_report = Instant::now();
         let mut chase: Option<usize> = None;
         while !*stopped.borrow() {
             if Instant::now() >= next_purge {
                 self.purge().await;
                 next_purge = Instant::now() + relay.purge_every;
+            }
+            if Instant::now() >= next_report {
+                report_backlog(relay).await;
+                next_report = Instant::now() + relay.poll_interval;
             }
             let notified = WAKE.notified();
             tokio::pin!(notified);
@@ -605,10 +615,41 @@ impl<DB: OutboxStore> Worker<DB> {
     }
 }
 
+/// Sets the backlog gauges (`idem_outbox_pending`, `idem_outbox_oldest_pending_seconds`).
+async fn report_backlog<DB: OutboxStore>(relay: &Relay<DB>) {
+    match DB::backlog(&relay.pool).await {
+        Ok(backlog) => metrics::outbox_pending(
+            backlog.pending,
+            backlog.oldest_pending.unwrap_or_default(),
+        ),
+        Err(error) => tracing::warn!(%error, "reading the outbox backlog failed"),
+    }
+}
+
+/// The tag a message is logged under: the log tag of its id, which is the
+/// key the consumer downstream claims it under, so one message can be
+/// followed from the relay's span to the consumer's.
+fn message_tag(id: &str) -> String {
+    IdempotencyKey::new(id)
+        .map(|key| key.log_tag())
+        .unwrap_or_else(|_| "invalid".to_owned())
+}
+
 /// One claim, its publishes and their settles. Returns how many it claimed.
 async fn round<DB: OutboxStore>(relay: &Relay<DB>, names: &[String]) -> Result<usize, sqlx::Error> {
-    let counters = &*relay.counters;
     let claimed = DB::claim(&relay.pool, names, &relay.owner, relay.lease, relay.batch).await?;
+    if claimed.is_empty() {
+        return Ok(0);
+    }
+    let span = tracing::info_span!("idem.relay.batch", claimed = claimed.len(), owner = %relay.owner);
+    publish_batch(relay, claimed).instrument(span).await
+}
+
+async fn publish_batch<DB: OutboxStore>(
+    relay: &Relay<DB>,
+    claimed: Vec<Claimed>,
+) -> Result<usize, sqlx::Error> {
+    let counters = &*relay.counters;
     let count = claimed.len();
     counters.claimed.fetch_add(count as u64, Ordering::Relaxed);
     let timeout = relay.effective_timeout();
@@ -616,13 +657,23 @@ async fn round<DB: OutboxStore>(relay: &Relay<DB>, names: &[String]) -> Result<u
     for message in claimed {
         let sink = relay.sinks[&message.sink].clone();
         let fault = relay.fault;
-        publishes.spawn(async move {
-            let outcome = publish(&*sink, &message, timeout, fault).await;
-            (message, outcome)
-        });
+        let span = tracing::info_span!(
+            "idem.relay.publish",
+            key = %message_tag(&message.message.id),
+            sink = %message.sink,
+            step = %message.message.step,
+            attempt = message.message.attempt,
+        );
+        publishes.spawn(
+            async move {
+                let outcome = publish(&*sink, &message, timeout, fault).await;
+                (message, outcome, tracing::Span::current())
+            }
+            .instrument(span),
+        );
     }
     while let Some(joined) = publishes.join_next().await {
-        let (message, outcome) = match joined {
+        let (message, outcome, span) = match joined {
             Ok(done) => done,
             Err(error) => {
                 // A panicking sink: the lease expires and the message is retried.
@@ -630,7 +681,7 @@ async fn round<DB: OutboxStore>(relay: &Relay<DB>, names: &[String]) -> Result<u
                 continue;
             }
         };
-        settle(relay, &message, outcome).await?;
+        settle(relay, &message, outcome).instrument(span).await?;
     }
     Ok(count)
 }
@@ -679,14 +730,24 @@ async fn settle<DB: OutboxStore>(
     let counters = &*relay.counters;
     let id = &claimed.message.id;
     let attempt = claimed.message.attempt;
-    let (settlement, counter) = match outcome {
-        Ok(Delivered::Published { receipt }) => (Settlement::Sent { receipt }, &counters.published),
-        Ok(Delivered::Duplicate { receipt }) => {
-            (Settlement::Sent { receipt }, &counters.duplicates)
-        }
+    let (settlement, counter, delivery) = match outcome {
+        Ok(Delivered::Published { receipt }) => (
+            Settlement::Sent { receipt },
+            &counters.published,
+            Delivery::Ok,
+        ),
+        Ok(Delivered::Duplicate { receipt }) => (
+            Settlement::Sent { receipt },
+            &counters.duplicates,
+            Delivery::Ok,
+        ),
         Err(SinkError::Permanent { message }) => {
             tracing::warn!(message_id = %id, attempt, error = %message, "outbox message is dead: permanent failure");
-            (Settlement::Dead { error: message }, &counters.dead)
+            (
+                Settlement::Dead { error: message },
+                &counters.dead,
+                Delivery::Dead,
+            )
         }
         Err(SinkError::Transient { message, .. }) if attempt >= claimed.max_attempts => {
             tracing::warn!(message_id = %id, attempt, error = %message, "outbox message is dead: out of attempts");
@@ -695,6 +756,7 @@ async fn settle<DB: OutboxStore>(
                     error: format!("{message} (after {attempt} attempts)"),
                 },
                 &counters.dead,
+                Delivery::Dead,
             )
         }
         Err(SinkError::Transient {
@@ -712,11 +774,20 @@ async fn settle<DB: OutboxStore>(
                     error: message,
                 },
                 &counters.retried,
+                Delivery::Retry,
             )
         }
     };
     if DB::settle(&relay.pool, claimed.row, claimed.token, &settlement).await? {
         counter.fetch_add(1, Ordering::Relaxed);
+        metrics::outbox_published(&claimed.sink, delivery);
+        if delivery == Delivery::Ok {
+            let now_ms = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |now| now.as_millis() as i64);
+            let lag = now_ms.saturating_sub(claimed.created_at_ms).max(0);
+            metrics::outbox_relay_lag(&claimed.sink, Duration::from_millis(lag as u64));
+        }
     } else {
         tracing::warn!(message_id = %id, attempt, "outbox relay lost its lease before settling; fenced");
         counters.fenced.fetch_add(1, Ordering::Relaxed);

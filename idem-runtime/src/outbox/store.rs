@@ -78,6 +78,8 @@ pub struct OutboxEntry {
     pub content_type: String,
     /// The payload.
     pub payload: Vec<u8>,
+    /// When it was enqueued, in Unix milliseconds.
+    pub created_at_ms: i64,
 }
 
 /// A leased row, as the relay works on it.
@@ -89,6 +91,8 @@ pub struct Claimed {
     pub max_attempts: u32,
     pub sink: String,
     pub message: OutgoingMessage,
+    /// When it was enqueued, in Unix milliseconds.
+    pub created_at_ms: i64,
 }
 
 /// How a leased row ends its attempt.
@@ -109,14 +113,48 @@ pub struct Origin {
     pub step: String,
 }
 
-/// How many messages wait, and how many are dead.
+/// How many messages wait, how long the oldest has waited, and how many
+/// are dead.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Backlog {
     /// Messages not yet delivered (leased ones included).
     pub pending: u64,
     /// Dead messages waiting for an operator.
     pub dead: u64,
+    /// How long ago the oldest pending message was enqueued; `None` when
+    /// nothing is pending.
+    pub oldest_pending: Option<Duration>,
+    /// Ordering keys whose oldest unsent message is dead while later messages
+    /// with the same key wait behind it: they stay stuck until an operator
+    /// requeues or skips the dead one.
+    pub blocked_ordering_keys: u64,
 }
+
+fn backlog_from_row<R>(row: &R) -> Backlog
+where
+    R: sqlx::Row,
+    for<'r> &'r str: sqlx::ColumnIndex<R>,
+    for<'r> i64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    for<'r> Option<i64>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+{
+    Backlog {
+        pending: row.get::<i64, _>("pending").max(0) as u64,
+        dead: row.get::<i64, _>("dead").max(0) as u64,
+        oldest_pending: row
+            .get::<Option<i64>, _>("oldest_ms")
+            .map(|ms| Duration::from_millis(ms.max(0) as u64)),
+        blocked_ordering_keys: row.get::<i64, _>("blocked").max(0) as u64,
+    }
+}
+
+/// The ordering keys a dead message blocks, as SQL both backends run.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+const BLOCKED_KEYS: &str = "(SELECT count(DISTINCT d.ordering_key) FROM idem_outbox d \
+     WHERE d.state = 'dead' AND d.ordering_key IS NOT NULL \
+       AND NOT EXISTS (SELECT 1 FROM idem_outbox e WHERE e.ordering_key = d.ordering_key \
+         AND e.state <> 'sent' AND e.id < d.id) \
+       AND EXISTS (SELECT 1 FROM idem_outbox p WHERE p.ordering_key = d.ordering_key \
+         AND p.state = 'pending' AND p.id > d.id))";
 
 /// A connection [`enqueue`](super::enqueue) can write to: `SqliteConnection`
 /// and `PgConnection` (what a claim's transaction dereferences to).
@@ -197,10 +235,18 @@ pub trait OutboxStore: Backend {
         limit: u32,
     ) -> impl Future<Output = Result<Vec<OutboxEntry>, sqlx::Error>> + Send + '_;
 
-    /// Pending and dead counts.
+    /// Pending and dead counts, the oldest pending age, blocked ordering keys.
     #[doc(hidden)]
     fn backlog(pool: &Pool<Self>)
         -> impl Future<Output = Result<Backlog, sqlx::Error>> + Send + '_;
+
+    /// Up to `limit` rows, in `state` if given, newest first.
+    #[doc(hidden)]
+    fn list(
+        pool: &Pool<Self>,
+        state: Option<MessageState>,
+        limit: u32,
+    ) -> impl Future<Output = Result<Vec<OutboxEntry>, sqlx::Error>> + Send + '_;
 
     /// Wakes this process's relays on each notification of
     /// [`NOTIFY_CHANNEL`](super::NOTIFY_CHANNEL) until an error; returns
@@ -238,7 +284,8 @@ fn millis(duration: Duration) -> i64 {
 macro_rules! entry_columns {
     () => {
         "message_id, scope, parent_key, step, sink, destination, ordering_key, state, \
-         attempts, max_attempts, last_error, receipt, content_type, payload"
+         attempts, max_attempts, last_error, receipt, content_type, payload, \
+         created_at AS created_at_ms"
     };
 }
 
@@ -267,6 +314,7 @@ where
         receipt: row.get("receipt"),
         content_type: row.get("content_type"),
         payload: row.get("payload"),
+        created_at_ms: row.get("created_at_ms"),
     }
 }
 
@@ -295,6 +343,7 @@ where
             payload: row.get("payload"),
             attempt: count(row.get("attempts")),
         },
+        created_at_ms: row.get("created_at_ms"),
     }
 }
 
@@ -379,7 +428,7 @@ mod sqlite {
                        WHERE p.ordering_key = o.ordering_key AND p.state <> 'sent' AND p.id < o.id)) \
                    ORDER BY o.id LIMIT ?5) \
                  RETURNING id, lease_token, max_attempts, sink, message_id, step, destination, \
-                   ordering_key, headers, content_type, payload, attempts",
+                   ordering_key, headers, content_type, payload, attempts, created_at AS created_at_ms",
             )
             .bind(now)
             .bind(millis(lease))
@@ -524,16 +573,31 @@ mod sqlite {
         }
 
         async fn backlog(pool: &Pool<Self>) -> Result<Backlog, sqlx::Error> {
-            let row = sqlx::query(
+            let sql = format!(
                 "SELECT coalesce(sum(state = 'pending'), 0) AS pending, \
-                 coalesce(sum(state = 'dead'), 0) AS dead FROM idem_outbox WHERE state <> 'sent'",
-            )
-            .fetch_one(pool)
+                 coalesce(sum(state = 'dead'), 0) AS dead, \
+                 ?1 - min(CASE WHEN state = 'pending' THEN created_at END) AS oldest_ms, \
+                 {BLOCKED_KEYS} AS blocked FROM idem_outbox WHERE state <> 'sent'"
+            );
+            let row = sqlx::query(&sql).bind(now_ms()).fetch_one(pool).await?;
+            Ok(backlog_from_row(&row))
+        }
+
+        async fn list(
+            pool: &Pool<Self>,
+            state: Option<MessageState>,
+            limit: u32,
+        ) -> Result<Vec<OutboxEntry>, sqlx::Error> {
+            let rows = sqlx::query(concat!(
+                "SELECT ",
+                entry_columns!(),
+                " FROM idem_outbox WHERE (?1 IS NULL OR state = ?1) ORDER BY id DESC LIMIT ?2"
+            ))
+            .bind(state.map(MessageState::as_str))
+            .bind(i64::from(limit))
+            .fetch_all(pool)
             .await?;
-            Ok(Backlog {
-                pending: row.get::<i64, _>("pending").max(0) as u64,
-                dead: row.get::<i64, _>("dead").max(0) as u64,
-            })
+            Ok(rows.iter().map(entry_from_row).collect())
         }
 
         async fn purge_sent(
@@ -651,7 +715,9 @@ mod postgres {
                 $prefix,
                 "content_type, ",
                 $prefix,
-                "payload"
+                "payload, (extract(epoch FROM ",
+                $prefix,
+                "created_at) * 1000)::int8 AS created_at_ms"
             )
         };
     }
@@ -678,7 +744,8 @@ mod postgres {
                  FROM picked WHERE t.id = picked.id \
                  RETURNING t.id, t.lease_token, t.max_attempts::int8 AS max_attempts, t.sink, \
                    t.message_id, t.step, t.destination, t.ordering_key, t.headers::text AS headers, \
-                   t.content_type, t.payload, t.attempts::int8 AS attempts"
+                   t.content_type, t.payload, t.attempts::int8 AS attempts, \
+                   (extract(epoch FROM t.created_at) * 1000)::int8 AS created_at_ms"
             ))
             .bind(sinks)
             .bind(i64::from(batch))
@@ -822,16 +889,32 @@ mod postgres {
         }
 
         async fn backlog(pool: &Pool<Self>) -> Result<Backlog, sqlx::Error> {
-            let row = sqlx::query(
+            let sql = format!(
                 "SELECT count(*) FILTER (WHERE state = 'pending') AS pending, \
-                 count(*) FILTER (WHERE state = 'dead') AS dead FROM idem_outbox WHERE state <> 'sent'",
-            )
-            .fetch_one(pool)
+                 count(*) FILTER (WHERE state = 'dead') AS dead, \
+                 (extract(epoch FROM now() - min(created_at) FILTER (WHERE state = 'pending')) \
+                   * 1000)::int8 AS oldest_ms, \
+                 {BLOCKED_KEYS} AS blocked FROM idem_outbox WHERE state <> 'sent'"
+            );
+            let row = sqlx::query(&sql).fetch_one(pool).await?;
+            Ok(backlog_from_row(&row))
+        }
+
+        async fn list(
+            pool: &Pool<Self>,
+            state: Option<MessageState>,
+            limit: u32,
+        ) -> Result<Vec<OutboxEntry>, sqlx::Error> {
+            let rows = sqlx::query(concat!(
+                "SELECT ",
+                pg_entry_columns!(""),
+                " FROM idem_outbox WHERE ($1::text IS NULL OR state = $1) ORDER BY id DESC LIMIT $2"
+            ))
+            .bind(state.map(MessageState::as_str))
+            .bind(i64::from(limit))
+            .fetch_all(pool)
             .await?;
-            Ok(Backlog {
-                pending: row.get::<i64, _>("pending").max(0) as u64,
-                dead: row.get::<i64, _>("dead").max(0) as u64,
-            })
+            Ok(rows.iter().map(entry_from_row).collect())
         }
 
         async fn purge_sent(
