@@ -8,14 +8,15 @@ use serde_json::json;
 
 use crate::output::{self, instant, key_label, span, table};
 use crate::store::{self, Filter, OpenMode, Store, StoreError, StoreSpec};
-use crate::{inspect, steps};
+use crate::queues::{InboxCommand, OutboxCommand};
+use crate::{inspect, queues, steps};
 
 /// Exit status: done, nothing to report.
 pub(crate) const OK: u8 = 0;
 /// Exit status: found something that needs attention.
 pub(crate) const FOUND: u8 = 1;
 /// Exit status: the command line was wrong.
-const USAGE: u8 = 2;
+pub(crate) const USAGE: u8 = 2;
 /// Exit status: a store could not be opened or queried.
 const STORE: u8 = 3;
 
@@ -25,7 +26,9 @@ const STORE: u8 = 3;
     version,
     about = "Inspect, clean and migrate idem's idempotency key stores (SQLite files, postgres:// URLs).",
     after_help = "Exit codes: 0 ok; 1 found something (in progress or missing records, pending \
-                  migrations, live keys of undeclared steps); 2 usage; 3 store unreachable or failing."
+                  migrations, live keys of undeclared steps, dead or blocked outbox messages, \
+                  poisoned inbox messages, nothing to requeue or skip); 2 usage; 3 store \
+                  unreachable or failing."
 )]
 struct Cli {
     /// Print JSON instead of tables.
@@ -52,6 +55,12 @@ enum Command {
     Migrate(MigrateArgs),
     /// Steps with records in each store, and the live ones a build no longer declares.
     Steps(StepsArgs),
+    /// The transactional outbox: backlog, messages, dead letters.
+    #[command(subcommand)]
+    Outbox(OutboxCommand),
+    /// The idempotent consumers' poisoned messages.
+    #[command(subcommand)]
+    Inbox(InboxCommand),
 }
 
 /// The scope a key lives in.
@@ -109,10 +118,10 @@ enum KeysCommand {
 }
 
 #[derive(Debug, Args)]
-struct StoreArg {
+pub(crate) struct StoreArg {
     /// The store: a postgres:// URL, a sqlite: URL or a SQLite file path.
     #[arg(long, value_name = "URL", env = "IDEM_STORE")]
-    store: StoreSpec,
+    pub(crate) store: StoreSpec,
 }
 
 #[derive(Debug, Args)]
@@ -229,6 +238,8 @@ async fn run(cli: &Cli) -> Result<u8, Failure> {
         Command::Purge(args) => run_purge(cli, args).await,
         Command::Migrate(args) => run_migrate(cli, args).await,
         Command::Steps(args) => steps::run(cli.json, args).await,
+        Command::Outbox(command) => queues::run_outbox(cli.json, cli.show_keys, command).await,
+        Command::Inbox(command) => queues::run_inbox(cli.json, command).await,
     }
 }
 

@@ -9,6 +9,12 @@
 //! idem purge       --store URL [--batch N] [--dry-run]
 //! idem migrate     --store URL [--check]
 //! idem steps       --store NAME=URL ... [--declared a.v1,b.v2] [--declared-by BINARY]
+//! idem outbox status  --store URL [--max-age 5m]
+//! idem outbox list    --store URL [--state pending|sent|dead] [--limit N]
+//! idem outbox requeue --store URL --id MESSAGE
+//! idem outbox skip    --store URL --id MESSAGE [--yes]
+//! idem inbox poison   --store URL [--consumer C] [--limit N]
+//! idem inbox requeue  --store URL --consumer C --id MESSAGE
 //! ```
 //!
 //! A store is `NAME=URL` or just a URL: `postgres://…` (or `postgresql://…`),
@@ -18,7 +24,8 @@
 //!
 //! Exit codes: 0 done, nothing to report; 1 found something (a record in
 //! progress or missing, pending migrations, live keys of an undeclared step,
-//! no record to show or delete); 2 usage error; 3 a store could not be opened
+//! no record to show or delete, dead or blocked outbox messages or one older
+//! than `--max-age`, poisoned inbox messages, nothing to requeue or skip); 2 usage error; 3 a store could not be opened
 //! or queried.
 
 //!
@@ -28,6 +35,7 @@
 mod cli;
 pub mod inspect;
 mod output;
+mod queues;
 pub mod steps;
 pub mod store;
 

@@ -4,7 +4,9 @@
 use std::str::FromStr;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use idem_runtime::inbox::{self, InboxBackend, InboxError, PoisonMessage};
 use idem_runtime::migrations::{self, PendingMigration};
+use idem_runtime::outbox::{self, Backlog, MessageState, OutboxEntry, OutboxStore};
 use idem_runtime::{Engine, Policy};
 use serde::Serialize;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
@@ -33,6 +35,16 @@ pub enum StoreError {
         name: String,
         /// The driver's error.
         source: sqlx::Error,
+        /// What to check.
+        hint: &'static str,
+    },
+    /// An outbox or inbox operation failed.
+    #[error("store {name}: {message}{hint}")]
+    Queue {
+        /// The store's name.
+        name: String,
+        /// The runtime's error.
+        message: String,
         /// What to check.
         hint: &'static str,
     },
@@ -437,6 +449,142 @@ impl Store {
     pub async fn purge(&self, name: &str, batch: u32) -> Result<u64, StoreError> {
         on_pool!(self, pool => Engine::new(pool.clone()).purge_expired(batch).await)
             .map_err(Self::query_error(name))
+    }
+
+    fn queue_error(name: &str) -> impl FnOnce(String) -> StoreError + '_ {
+        move |message| StoreError::Queue {
+            name: name.to_owned(),
+            message,
+            hint: HINT,
+        }
+    }
+
+    /// Whether the database has the table `table` (an older store may lack
+    /// the outbox and inbox tables until `idem migrate`).
+    pub async fn has_table(&self, name: &str, table: &str) -> Result<bool, StoreError> {
+        match self {
+            Store::Sqlite(pool) => sqlx::query_scalar::<_, i64>(
+                "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = ?",
+            )
+            .bind(table)
+            .fetch_one(pool)
+            .await
+            .map(|n| n > 0),
+            Store::Postgres(pool) => {
+                sqlx::query_scalar::<_, bool>("SELECT to_regclass($1) IS NOT NULL")
+                    .bind(table)
+                    .fetch_one(pool)
+                    .await
+            }
+        }
+        .map_err(Self::query_error(name))
+    }
+
+    /// The outbox's backlog: pending, the oldest pending age, blocked
+    /// ordering keys, dead.
+    pub async fn outbox_backlog(&self, name: &str) -> Result<Backlog, StoreError> {
+        on_pool!(self, pool => outbox::backlog(&Engine::new(pool.clone())).await)
+            .map_err(|error| Self::queue_error(name)(error.to_string()))
+    }
+
+    /// Up to `limit` outbox messages, in `state` if given, newest first.
+    pub async fn outbox_list(
+        &self,
+        name: &str,
+        state: Option<MessageState>,
+        limit: u32,
+    ) -> Result<Vec<OutboxEntry>, StoreError> {
+        on_pool!(self, pool => outbox::list(&Engine::new(pool.clone()), state, limit).await)
+            .map_err(|error| Self::queue_error(name)(error.to_string()))
+    }
+
+    /// One outbox message.
+    pub async fn outbox_entry(
+        &self,
+        name: &str,
+        message_id: &str,
+    ) -> Result<Option<OutboxEntry>, StoreError> {
+        on_pool!(self, pool => outbox::entry(&Engine::new(pool.clone()), message_id).await)
+            .map_err(|error| Self::queue_error(name)(error.to_string()))
+    }
+
+    /// The outbox messages enqueued under `(scope, parent_key)`, oldest
+    /// first; none when the store has no outbox table.
+    pub async fn outbox_for(
+        &self,
+        name: &str,
+        scope: &str,
+        parent_key: &str,
+    ) -> Result<Vec<OutboxEntry>, StoreError> {
+        if !self.has_table(name, "idem_outbox").await? {
+            return Ok(Vec::new());
+        }
+        on_pool!(self, pool => OutboxStore::entries_for(pool, scope, parent_key).await)
+            .map_err(Self::query_error(name))
+    }
+
+    /// Dead → pending; whether a dead message had that id.
+    pub async fn outbox_requeue(&self, name: &str, message_id: &str) -> Result<bool, StoreError> {
+        on_pool!(self, pool => outbox::requeue(&Engine::new(pool.clone()), message_id).await)
+            .map_err(|error| Self::queue_error(name)(error.to_string()))
+    }
+
+    /// Unsent → sent with receipt `skipped`; whether an unsent message had that id.
+    pub async fn outbox_skip(&self, name: &str, message_id: &str) -> Result<bool, StoreError> {
+        on_pool!(self, pool => outbox::skip(&Engine::new(pool.clone()), message_id).await)
+            .map_err(|error| Self::queue_error(name)(error.to_string()))
+    }
+
+    /// Up to `limit` poisoned messages, of `consumer` or of every consumer.
+    pub async fn inbox_poisoned(
+        &self,
+        name: &str,
+        consumer: Option<&str>,
+        limit: u32,
+    ) -> Result<Vec<PoisonMessage>, StoreError> {
+        on_pool!(self, pool => inbox::poisoned(&Engine::new(pool.clone()), consumer, limit).await)
+            .map_err(|error| Self::queue_error(name)(error.to_string()))
+    }
+
+    /// Requeues `consumer`'s poisoned `message_id`; `None` if there is no such row.
+    pub async fn inbox_requeue(
+        &self,
+        name: &str,
+        consumer: &str,
+        message_id: &str,
+    ) -> Result<Option<PoisonMessage>, StoreError> {
+        match on_pool!(self, pool => inbox::requeue(&Engine::new(pool.clone()), consumer, message_id).await)
+        {
+            Ok(row) => Ok(Some(row)),
+            Err(InboxError::NotPoisoned { .. }) => Ok(None),
+            Err(error) => Err(Self::queue_error(name)(error.to_string())),
+        }
+    }
+
+    /// What consumers in this store did with `message_id`: their key records
+    /// (scope `inbox/<consumer>`, key the message id) and their poison rows.
+    pub async fn inbox_for(
+        &self,
+        name: &str,
+        message_id: &str,
+    ) -> Result<(Vec<KeyRecord>, Vec<PoisonMessage>), StoreError> {
+        let (columns, _) = self.columns();
+        let sql = format!(
+            "SELECT {columns} FROM idempotency_keys WHERE key = $1 AND scope LIKE '%:inbox/%' \
+             ORDER BY scope"
+        );
+        let records = on_pool!(self, pool => sqlx::query_as::<_, KeyRecord>(&sql)
+            .bind(message_id)
+            .fetch_all(pool)
+            .await)
+        .map_err(Self::query_error(name))?;
+        let poison = if self.has_table(name, "idem_poison").await? {
+            on_pool!(self, pool => InboxBackend::poison_for_message(pool, message_id).await)
+                .map_err(Self::query_error(name))?
+        } else {
+            Vec::new()
+        };
+        Ok((records, poison))
     }
 
     /// idem's migrations this database lacks.
