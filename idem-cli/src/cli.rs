@@ -7,8 +7,8 @@ use idem_runtime::Scope;
 use serde_json::json;
 
 use crate::output::{self, instant, key_label, span, table};
-use crate::store::{self, Filter, OpenMode, Store, StoreError, StoreSpec};
 use crate::queues::{InboxCommand, OutboxCommand};
+use crate::store::{self, Filter, OpenMode, Store, StoreError, StoreSpec};
 use crate::{inspect, queues, steps};
 
 /// Exit status: done, nothing to report.

@@ -166,7 +166,15 @@ fn entry_row(entry: &OutboxEntry, show_keys: bool) -> Vec<String> {
 }
 
 const ENTRY_HEADERS: [&str; 10] = [
-    "message", "parent", "step", "sink", "ordering", "state", "attempts", "last error", "receipt",
+    "message",
+    "parent",
+    "step",
+    "sink",
+    "ordering",
+    "state",
+    "attempts",
+    "last error",
+    "receipt",
     "created",
 ];
 

@@ -216,7 +216,8 @@ impl Delivery {
 /// outbox_published("webhooks", Delivery::Ok);
 /// ```
 pub fn outbox_published(sink: &str, result: Delivery) {
-    metrics::counter!(OUTBOX_PUBLISHED, "sink" => sink.to_owned(), "result" => result.as_str()).increment(1);
+    metrics::counter!(OUTBOX_PUBLISHED, "sink" => sink.to_owned(), "result" => result.as_str())
+        .increment(1);
     if result == Delivery::Dead {
         outbox_dead(sink);
     }

@@ -618,10 +618,9 @@ impl<DB: OutboxStore> Worker<DB> {
 /// Sets the backlog gauges (`idem_outbox_pending`, `idem_outbox_oldest_pending_seconds`).
 async fn report_backlog<DB: OutboxStore>(relay: &Relay<DB>) {
     match DB::backlog(&relay.pool).await {
-        Ok(backlog) => metrics::outbox_pending(
-            backlog.pending,
-            backlog.oldest_pending.unwrap_or_default(),
-        ),
+        Ok(backlog) => {
+            metrics::outbox_pending(backlog.pending, backlog.oldest_pending.unwrap_or_default())
+        }
         Err(error) => tracing::warn!(%error, "reading the outbox backlog failed"),
     }
 }
@@ -641,7 +640,8 @@ async fn round<DB: OutboxStore>(relay: &Relay<DB>, names: &[String]) -> Result<u
     if claimed.is_empty() {
         return Ok(0);
     }
-    let span = tracing::info_span!("idem.relay.batch", claimed = claimed.len(), owner = %relay.owner);
+    let span =
+        tracing::info_span!("idem.relay.batch", claimed = claimed.len(), owner = %relay.owner);
     publish_batch(relay, claimed).instrument(span).await
 }
 
