@@ -11,15 +11,21 @@
 //! which (by the table's primary key) holds at most one record, so a completed
 //! record there means the effect happened exactly once.
 //!
-//! Outbox messages and inbox records for each key slot in beside the key
-//! records ([`Node::records`]) once those tables exist.
+//! Beside each key's records come the outbox messages enqueued under it
+//! ([`Node::messages`]: state, attempts, last error, receipt), and for each
+//! message what consumers in any of the stores did with it downstream: their
+//! key record (scope `inbox/<consumer>`, key the message id) and any poison
+//! row. Stores without the outbox or inbox tables simply have none.
 
 use std::collections::BTreeSet;
 
 use idem_runtime::child_key;
+use idem_runtime::inbox::PoisonMessage;
+use idem_runtime::outbox::{MessageState, OutboxEntry};
 use serde_json::{json, Value};
 
 use crate::output::{instant, key_label, span};
+use crate::queues::{entry_json, poison_json};
 use crate::store::{KeyRecord, Store, StoreError, StoreSpec};
 
 /// How deep child keys are followed.
@@ -36,8 +42,72 @@ pub struct Node {
     pub derived_by: Option<String>,
     /// `(store name, record)` for each store that has one.
     pub records: Vec<(String, KeyRecord)>,
+    /// The outbox messages enqueued under this key, and their fate downstream.
+    pub messages: Vec<Sent>,
     /// Keys derived from this one that some store knows, or that were asked for.
     pub children: Vec<Node>,
+}
+
+/// One outbox message of an operation.
+#[derive(Debug)]
+pub struct Sent {
+    /// The store whose outbox holds it.
+    pub store: String,
+    /// The row.
+    pub entry: OutboxEntry,
+    /// `(store, record)`: consumers' records of it (scope `inbox/<consumer>`).
+    pub processed: Vec<(String, KeyRecord)>,
+    /// `(store, row)`: consumers that gave up on it.
+    pub poisoned: Vec<(String, PoisonMessage)>,
+}
+
+impl Sent {
+    fn line(&self) -> String {
+        let entry = &self.entry;
+        let mut line = format!(
+            "{} message via {} to {}: {}, {} attempt(s)",
+            entry.step,
+            entry.sink,
+            entry.destination,
+            entry.state.as_str(),
+            entry.attempts
+        );
+        if let Some(receipt) = &entry.receipt {
+            line.push_str(&format!(", receipt {receipt}"));
+        }
+        if let Some(error) = &entry.last_error {
+            line.push_str(&format!(", last error: {error}"));
+        }
+        line
+    }
+}
+
+/// The consumer a stored inbox scope (`13:inbox/ledger`) belongs to.
+fn consumer_of(scope: &str) -> &str {
+    scope
+        .split_once(':')
+        .map_or(scope, |(_, rest)| rest)
+        .trim_start_matches("inbox/")
+}
+
+fn inbox_line(record: &KeyRecord) -> String {
+    let state = match (record.status.as_str(), record.response_status) {
+        ("completed", Some(status)) if status < 400 => "processed once".to_owned(),
+        ("completed", Some(status)) => format!("rejected ({status})"),
+        (status, _) => status.replace('_', " "),
+    };
+    format!(
+        "consumer {}: {state} ({})",
+        consumer_of(&record.scope),
+        record.step
+    )
+}
+
+fn poison_line(row: &PoisonMessage) -> String {
+    format!(
+        "consumer {}: {} after {} deliveries: {}",
+        row.consumer, row.state, row.deliveries, row.error
+    )
 }
 
 /// What `inspect` found.
@@ -67,6 +137,7 @@ pub async fn inspect(
         key: key.to_owned(),
         derived_by: None,
         records: lookup(stores, scope, key).await?,
+        messages: messages(stores, scope, key).await?,
         children: Vec::new(),
     };
     let mut frontier: Vec<(&mut Node, usize)> = vec![(&mut root, 0)];
@@ -81,11 +152,13 @@ pub async fn inspect(
             if records.is_empty() && !asked {
                 continue;
             }
+            let messages = messages(stores, scope, &child).await?;
             node.children.push(Node {
                 path: format!("child({}, {step})", node.path),
                 key: child,
                 derived_by: Some(step.clone()),
                 records,
+                messages,
                 children: Vec::new(),
             });
         }
@@ -115,9 +188,39 @@ async fn lookup(
     Ok(found)
 }
 
+async fn messages(
+    stores: &[(StoreSpec, Store)],
+    scope: &str,
+    key: &str,
+) -> Result<Vec<Sent>, StoreError> {
+    let mut found = Vec::new();
+    for (spec, store) in stores {
+        for entry in store.outbox_for(&spec.name, scope, key).await? {
+            let mut sent = Sent {
+                store: spec.name.clone(),
+                entry,
+                processed: Vec::new(),
+                poisoned: Vec::new(),
+            };
+            for (downstream, store) in stores {
+                let (records, poison) = store
+                    .inbox_for(&downstream.name, &sent.entry.message_id)
+                    .await?;
+                sent.processed
+                    .extend(records.into_iter().map(|r| (downstream.name.clone(), r)));
+                sent.poisoned
+                    .extend(poison.into_iter().map(|p| (downstream.name.clone(), p)));
+            }
+            found.push(sent);
+        }
+    }
+    Ok(found)
+}
+
 impl Inspection {
     /// Whether anything needs attention: the client's key is unknown, a record
-    /// is in progress, or a key asked for with `--step` has no record.
+    /// is in progress, a key asked for with `--step` has no record, an outbox
+    /// message is dead, or a consumer poisoned one.
     pub fn needs_attention(&self) -> bool {
         fn walk(node: &Node) -> bool {
             node.records.is_empty()
@@ -125,6 +228,10 @@ impl Inspection {
                     .records
                     .iter()
                     .any(|(_, r)| r.status != "completed" || r.expired())
+                || node.messages.iter().any(|m| {
+                    m.entry.state == MessageState::Dead
+                        || m.poisoned.iter().any(|(_, p)| p.state == "poison")
+                })
                 || node.children.iter().any(walk)
         }
         walk(&self.root)
@@ -142,6 +249,28 @@ impl Inspection {
             }
             for (store, record) in &node.records {
                 lines.push(format!("{} in {store}: {}", node.path, verdict(record)));
+            }
+            for sent in &node.messages {
+                lines.push(format!(
+                    "{} in {} outbox: {}",
+                    node.path,
+                    sent.store,
+                    sent.line()
+                ));
+                for (store, record) in &sent.processed {
+                    lines.push(format!(
+                        "  {} message in {store}: {}",
+                        sent.entry.step,
+                        inbox_line(record)
+                    ));
+                }
+                for (store, row) in &sent.poisoned {
+                    lines.push(format!(
+                        "  {} message in {store}: {}",
+                        sent.entry.step,
+                        poison_line(row)
+                    ));
+                }
             }
             for child in &node.children {
                 walk(child, lines);
@@ -206,7 +335,7 @@ fn print_node(node: &Node, head: &str, indent: &str, show_keys: bool) {
         None => println!("{head}{}  {key}", node.path),
         Some(_) => println!("{head}{}  = {key}", node.path),
     }
-    let items = node.records.len() + node.children.len();
+    let items = node.records.len() + node.messages.len() + node.children.len();
     let branch = |last: bool| {
         if last {
             (format!("{indent}└─ "), format!("{indent}   "))
@@ -223,6 +352,11 @@ fn print_node(node: &Node, head: &str, indent: &str, show_keys: bool) {
         index += 1;
         let (head, rest) = branch(index == items);
         print_record(store, record, &head, &rest);
+    }
+    for sent in &node.messages {
+        index += 1;
+        let (head, rest) = branch(index == items);
+        print_message(sent, &head, &rest);
     }
     for child in &node.children {
         index += 1;
@@ -258,6 +392,39 @@ fn print_record(store: &str, record: &KeyRecord, head: &str, rest: &str) {
     );
 }
 
+fn print_message(sent: &Sent, head: &str, rest: &str) {
+    println!("{head}{} outbox: {}", sent.store, sent.line());
+    println!(
+        "{rest}message {}  created {}",
+        sent.entry.message_id,
+        instant(sent.entry.created_at_ms)
+    );
+    let downstream = sent.processed.len() + sent.poisoned.len();
+    if downstream == 0 {
+        println!("{rest}└─ no consumer in these stores has seen it");
+    }
+    let mut index = 0;
+    let mark = |index: usize| {
+        if index == downstream {
+            "└─"
+        } else {
+            "├─"
+        }
+    };
+    for (store, record) in &sent.processed {
+        index += 1;
+        println!(
+            "{rest}{} {store} inbox: {}",
+            mark(index),
+            inbox_line(record)
+        );
+    }
+    for (store, row) in &sent.poisoned {
+        index += 1;
+        println!("{rest}{} {store} poison: {}", mark(index), poison_line(row));
+    }
+}
+
 fn node_json(node: &Node, show_keys: bool) -> Value {
     let records: Vec<Value> = node
         .records
@@ -277,10 +444,40 @@ fn node_json(node: &Node, show_keys: bool) -> Value {
         "key_tag": key_label(&node.key, false),
         "derived_by": node.derived_by,
         "records": records,
+        "outbox": node.messages.iter().map(|m| sent_json(m, show_keys)).collect::<Vec<_>>(),
         "children": node.children.iter().map(|c| node_json(c, show_keys)).collect::<Vec<_>>(),
     });
     if show_keys {
         value["key"] = json!(node.key);
     }
+    value
+}
+
+fn sent_json(sent: &Sent, show_keys: bool) -> Value {
+    let mut value = entry_json(&sent.entry, show_keys);
+    value["store"] = json!(sent.store);
+    value["inbox"] = sent
+        .processed
+        .iter()
+        .map(|(store, record)| {
+            json!({
+                "store": store,
+                "consumer": consumer_of(&record.scope),
+                "step": record.step,
+                "status": record.status,
+                "response_status": record.response_status,
+                "created_at_ms": record.created_at_ms,
+            })
+        })
+        .collect();
+    value["poison"] = sent
+        .poisoned
+        .iter()
+        .map(|(store, row)| {
+            let mut value = poison_json(row);
+            value["store"] = json!(store);
+            value
+        })
+        .collect();
     value
 }

@@ -183,6 +183,61 @@ async fn outbox_and_inbox_commands(kind: &str) {
     let (_dirs, orders, ledger) = locations(kind).await;
     let ids = fill(kind, &orders, &ledger).await;
 
+    // inspect: the order's record, its three messages, and downstream the
+    // ledger's record of the audit event.
+    let orders_store = format!("orders={orders}");
+    let ledger_store = format!("ledger={ledger}");
+    let args = [
+        "inspect",
+        "--key",
+        ORDER_KEY,
+        "--scope",
+        TENANT,
+        "--store",
+        &orders_store,
+        "--store",
+        &ledger_store,
+    ];
+    let out = idem(&args);
+    let shown = text(&out);
+    assert_eq!(code(&out), 1, "a dead message needs attention: {shown}");
+    assert!(
+        shown.contains(
+            "audit.v1 message via events to orders: sent, 1 attempt(s), receipt rcpt-audit.v1"
+        ),
+        "{shown}"
+    );
+    assert!(
+        shown.contains("notify-customer.v1 message via events to orders: dead, 1 attempt(s), last error: 422 from the mailer: no such customer"),
+        "{shown}"
+    );
+    assert!(
+        shown.contains("ship.v1 message via events to orders: pending, 0 attempt(s)"),
+        "{shown}"
+    );
+    assert!(
+        shown.contains("ledger inbox: consumer ledger: processed once (record-audit.v1)"),
+        "{shown}"
+    );
+    assert!(!shown.contains(ORDER_KEY), "the key leaked: {shown}");
+    let mut as_json = vec!["--json"];
+    as_json.extend(args);
+    let out = idem(&as_json);
+    let value = json(&out);
+    let outbox = value["root"]["outbox"].as_array().unwrap();
+    assert_eq!(outbox.len(), 3, "{value}");
+    let audit = outbox
+        .iter()
+        .find(|m| m["message_id"] == ids.audit.as_str())
+        .unwrap();
+    assert_eq!(audit["store"], "orders");
+    assert_eq!(audit["state"], "sent");
+    assert_eq!(audit["inbox"][0]["store"], "ledger");
+    assert_eq!(audit["inbox"][0]["consumer"], "ledger");
+    assert_eq!(audit["inbox"][0]["status"], "completed");
+    assert!(audit["poison"].as_array().unwrap().is_empty());
+    assert!(!String::from_utf8_lossy(&out.stdout).contains(ORDER_KEY));
+
     // status: one pending (blocked behind the dead one), one dead.
     let out = idem(&["outbox", "status", "--store", &orders]);
     assert_eq!(code(&out), 1, "{}", text(&out));
