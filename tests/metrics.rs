@@ -1,7 +1,7 @@
 //! Every metric the engine records (`idem_runtime::metrics`), after a known
 //! sequence of claims, on a real SQLite file and a real Postgres database;
-//! and the series the outbox relay and the inbox consumer record through the
-//! same module.
+//! and the series a real relay (through an in-process sink) and a real
+//! inbox consumer record on each backend.
 //! One recorder serves the whole process, so the scenarios run in one test,
 //! each backend under its own step names (the `step` label keeps them apart).
 
@@ -10,14 +10,17 @@ mod support;
 use std::collections::HashMap;
 use std::time::Duration;
 
+use idem_runtime::inbox::{Inbox, InboxBackend, Message as Incoming, Verdict};
 use idem_runtime::metrics::{
-    inbox_message, outbox_pending, outbox_published, outbox_relay_lag, Delivery, InboxResult,
     CLAIMS, CLAIM_WAIT, HANDLER_DURATION, INBOX_MESSAGES, OUTBOX_DEAD, OUTBOX_OLDEST_PENDING,
     OUTBOX_PENDING, OUTBOX_PUBLISHED, OUTBOX_RELAY_LAG, PURGE_DURATION, PURGE_ROWS,
 };
+use idem_runtime::outbox::{
+    self, Delivered, InProcessSink, Message, OutboxConnection, OutboxStore, Relay, SinkError,
+};
 use idem_runtime::{
     Claim, ClaimMode, FailureMode, IdemError, IdempotencyKey, Operation, Policy, Problem, Scope,
-    StoredResponse,
+    Step, StoredResponse,
 };
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use support::{Harness, TestBackend};
@@ -95,6 +98,106 @@ async fn play<DB: TestBackend>(h: Harness<DB>, step: &'static str) {
     ));
 }
 
+const DELIVERED: Step = Step::new("metrics-delivered.v1");
+const RETRIED: Step = Step::new("metrics-retried.v1");
+const REFUSED: Step = Step::new("metrics-refused.v1");
+
+/// One claim enqueues three messages; one relay round delivers the first,
+/// retries the second and gives up on the third (sink `sink`). Then `consumer`
+/// processes a message, sees it again, and poisons another. Returns the
+/// backlog gauges the relay set: pending, oldest pending seconds.
+async fn play_queues<DB>(
+    h: Harness<DB>,
+    sink: &'static str,
+    consumer: &str,
+    seen: &mut Seen,
+    snapshotter: &Snapshotter,
+) -> (f64, f64)
+where
+    DB: TestBackend + OutboxStore + InboxBackend,
+    DB::Connection: OutboxConnection,
+{
+    let scope = Scope::tenant("acme");
+    let parent = IdempotencyKey::new(format!("order-{sink}")).unwrap();
+    let messages: Vec<Message> = [DELIVERED, RETRIED, REFUSED]
+        .into_iter()
+        .map(|step| {
+            Message::to(sink, "orders")
+                .body("text/plain", step.name())
+                .for_step(&parent, step)
+                .scope(&scope)
+                .max_attempts(3)
+        })
+        .collect();
+    let op = Operation::new(scope.clone(), parent.clone(), "metrics-order.v1", &1i64);
+    h.engine
+        .run(&op, async |tx| {
+            for message in &messages {
+                outbox::enqueue(&mut *tx, message).await?;
+            }
+            Ok::<_, Problem>(())
+        })
+        .await
+        .unwrap();
+    let relay = Relay::new(&h.engine).sink(InProcessSink::new(sink, |message| async move {
+        if message.step == DELIVERED.name() {
+            Ok(Delivered::Published { receipt: None })
+        } else if message.step == RETRIED.name() {
+            Err(SinkError::Transient {
+                message: "busy".into(),
+                retry_after: Some(Duration::from_secs(60)),
+            })
+        } else {
+            Err(SinkError::Permanent {
+                message: "refused".into(),
+            })
+        }
+    }));
+    assert_eq!(relay.run_once().await.unwrap(), 3);
+    absorb(seen, snapshotter);
+    let gauges = (
+        seen.gauges[OUTBOX_PENDING],
+        seen.gauges[OUTBOX_OLDEST_PENDING],
+    );
+
+    let inbox = Inbox::new(h.engine.clone(), consumer, "metrics-consume.v1").unwrap();
+    let first = Incoming::new("m-1", b"{}".to_vec());
+    for expected in ["processed", "duplicate"] {
+        let verdict = inbox
+            .handle(&first, async |_tx, _m| Ok::<_, Problem>(()))
+            .await;
+        assert_eq!(verdict.as_str(), expected, "{verdict:?}");
+    }
+    let bad = inbox
+        .handle(&Incoming::new("m-2", b"x".to_vec()), async |_tx, _m| {
+            Err::<(), _>(Problem::new(422, "malformed"))
+        })
+        .await;
+    assert!(matches!(bad, Verdict::Poisoned { .. }), "{bad:?}");
+    gauges
+}
+
+fn check_queues(seen: &Seen, sink: &str, consumer: &str) {
+    for result in ["ok", "retry", "dead"] {
+        let id = (
+            OUTBOX_PUBLISHED.to_owned(),
+            labels(&[("sink", sink), ("result", result)]),
+        );
+        assert_eq!(seen.counters.get(&id), Some(&1), "{result}: {seen:#?}");
+    }
+    let dead = (OUTBOX_DEAD.to_owned(), labels(&[("sink", sink)]));
+    assert_eq!(seen.counters.get(&dead), Some(&1), "{seen:#?}");
+    let lag = (OUTBOX_RELAY_LAG.to_owned(), labels(&[("sink", sink)]));
+    assert_eq!(seen.histograms.get(&lag), Some(&1), "{seen:#?}");
+    for result in ["processed", "duplicate", "poison"] {
+        let id = (
+            INBOX_MESSAGES.to_owned(),
+            labels(&[("consumer", consumer), ("result", result)]),
+        );
+        assert_eq!(seen.counters.get(&id), Some(&1), "{result}: {seen:#?}");
+    }
+}
+
 #[derive(Default, Debug)]
 struct Seen {
     counters: HashMap<(String, Vec<(String, String)>), u64>,
@@ -102,8 +205,9 @@ struct Seen {
     gauges: HashMap<String, f64>,
 }
 
-fn seen(snapshotter: &Snapshotter) -> Seen {
-    let mut seen = Seen::default();
+/// Adds what the recorder holds to `seen` (a snapshot drains counters and
+/// histograms; gauges keep their last value).
+fn absorb(seen: &mut Seen, snapshotter: &Snapshotter) {
     for (key, _, _, value) in snapshotter.snapshot().into_vec() {
         let key = key.key();
         let mut labels: Vec<(String, String)> = key
@@ -122,7 +226,6 @@ fn seen(snapshotter: &Snapshotter) -> Seen {
             }
         }
     }
-    seen
 }
 
 fn labels(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
@@ -175,6 +278,7 @@ async fn every_metric_is_recorded_on_both_backends() {
     let snapshotter = recorder.snapshotter();
     metrics::set_global_recorder(recorder).expect("the only recorder in this process");
 
+    let mut seen = Seen::default();
     play(
         support::sqlite(Policy::default()).await,
         "metrics-sqlite.v1",
@@ -186,17 +290,31 @@ async fn every_metric_is_recorded_on_both_backends() {
     )
     .await;
 
-    // What the outbox relay and the inbox consumer record.
-    outbox_pending(4, Duration::from_millis(2500));
-    outbox_published("webhooks", Delivery::Ok);
-    outbox_published("webhooks", Delivery::Retry);
-    outbox_published("webhooks", Delivery::Dead);
-    outbox_relay_lag("webhooks", Duration::from_millis(40));
-    inbox_message("ledger", InboxResult::Processed);
-    inbox_message("ledger", InboxResult::Duplicate);
-    inbox_message("ledger", InboxResult::Poison);
+    // What the outbox relay and the inbox consumer record. After the round,
+    // one message waits (the retried one), enqueued moments ago.
+    for (pending, oldest) in [
+        play_queues(
+            support::sqlite(Policy::default()).await,
+            "events-sqlite",
+            "ledger-sqlite",
+            &mut seen,
+            &snapshotter,
+        )
+        .await,
+        play_queues(
+            support::postgres(Policy::default()).await,
+            "events-postgres",
+            "ledger-postgres",
+            &mut seen,
+            &snapshotter,
+        )
+        .await,
+    ] {
+        assert_eq!(pending, 1.0);
+        assert!((0.0..60.0).contains(&oldest), "{oldest}");
+    }
 
-    let seen = seen(&snapshotter);
+    absorb(&mut seen, &snapshotter);
     check(&seen, "metrics-sqlite.v1");
     check(&seen, "metrics-postgres.v1");
     assert_eq!(
@@ -210,24 +328,6 @@ async fn every_metric_is_recorded_on_both_backends() {
         "{seen:#?}"
     );
 
-    assert_eq!(seen.gauges[OUTBOX_PENDING], 4.0);
-    assert_eq!(seen.gauges[OUTBOX_OLDEST_PENDING], 2.5);
-    for result in ["ok", "retry", "dead"] {
-        let id = (
-            OUTBOX_PUBLISHED.to_owned(),
-            labels(&[("sink", "webhooks"), ("result", result)]),
-        );
-        assert_eq!(seen.counters[&id], 1, "{result}: {seen:#?}");
-    }
-    let dead = (OUTBOX_DEAD.to_owned(), labels(&[("sink", "webhooks")]));
-    assert_eq!(seen.counters[&dead], 1);
-    let lag = (OUTBOX_RELAY_LAG.to_owned(), labels(&[("sink", "webhooks")]));
-    assert_eq!(seen.histograms[&lag], 1);
-    for result in ["processed", "duplicate", "poison"] {
-        let id = (
-            INBOX_MESSAGES.to_owned(),
-            labels(&[("consumer", "ledger"), ("result", result)]),
-        );
-        assert_eq!(seen.counters[&id], 1, "{result}: {seen:#?}");
-    }
+    check_queues(&seen, "events-sqlite", "ledger-sqlite");
+    check_queues(&seen, "events-postgres", "ledger-postgres");
 }
