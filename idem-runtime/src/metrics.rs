@@ -17,7 +17,7 @@
 //! | `idem_outbox_oldest_pending_seconds` | gauge | – | age of the oldest undelivered message: **the** outbox alert |
 //! | `idem_outbox_published_total` | counter | `sink`, `result` (`ok`, `retry`, `dead`) | delivery attempts by sink and result |
 //! | `idem_outbox_dead_total` | counter | `sink` | messages given up on |
-//! | `idem_outbox_relay_lag_seconds` | histogram | `sink` | from the message's commit to its delivery |
+//! | `idem_outbox_relay_lag_seconds` | histogram | `sink` | from the enqueue (in the claim's transaction) to the settled delivery |
 //! | `idem_inbox_messages_total` | counter | `consumer`, `result` (`processed`, `duplicate`, `poison`) | messages a consumer handled |
 //!
 //! The `outcome` of `idem_claims_total`:
