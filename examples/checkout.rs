@@ -304,7 +304,7 @@ async fn trace_deliveries(State(trace): State<Trace>, request: Request, next: Ne
 
 /// A relay for the order service's outbox, delivering through the webhook
 /// sink; `name` is its user agent, which the trace shows.
-fn relay(engine: &Engine<Sqlite>, name: &str) -> Result<Relay<Sqlite>, BoxError> {
+fn outbox_relay(engine: &Engine<Sqlite>, name: &str) -> Result<Relay<Sqlite>, BoxError> {
     let client = reqwest::Client::builder().user_agent(name).build()?;
     Ok(Relay::new(engine)
         .sink(WebhookSink::with_client(client, SigningSecret::new(WEBHOOK_SECRET)?))
@@ -329,7 +329,7 @@ async fn drained(engine: &Engine<Sqlite>) -> Result<(), BoxError> {
 /// acknowledged, before it marks the message sent.
 async fn relay_process(orders_db: &str) -> Result<bool, BoxError> {
     let engine = Engine::<Sqlite>::open_sqlite(orders_db).await?;
-    let relay = relay(&engine, "relay B")?
+    let relay = outbox_relay(&engine, "relay B")?
         .fault(Some(RelayFault::AfterPublish))
         .spawn()
         .await?;
@@ -816,7 +816,7 @@ async fn run() -> Result<bool, BoxError> {
     let orders_url = start(orders_app).await?;
     let gateway_url =
         start(RetryingProxy::new("gateway -> orders", orders_url.clone(), &trace).router()).await?;
-    let first_relay = relay(&orders_engine, "relay")?.spawn().await?;
+    let first_relay = outbox_relay(&orders_engine, "relay")?.spawn().await?;
 
     println!("client --> gateway  {gateway_url}   retries once on a lost or late answer");
     println!("       --> orders   {orders_url}   POST /checkout, #[idempotent(http)], step {PLACE_ORDER}, SQLite");
@@ -930,7 +930,7 @@ async fn run() -> Result<bool, BoxError> {
             Some(code) => format!("exited {code} without dying"),
         },
     );
-    let second_relay = relay(&orders_engine, "relay C")?.spawn().await?;
+    let second_relay = outbox_relay(&orders_engine, "relay C")?.spawn().await?;
     drained(&orders_engine).await?;
     second_relay.shutdown().await;
 
