@@ -59,7 +59,7 @@ async fn hook<DB: TestBackend + InboxBackend>(
             if event["slow"] == true {
                 tokio::time::sleep(Duration::from_millis(1500)).await;
             }
-            Ok(serde_json::json!({ "received": message.id }))
+            Ok::<_, Problem>(serde_json::json!({ "received": message.id }))
         })
         .await
 }
