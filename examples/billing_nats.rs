@@ -239,7 +239,11 @@ async fn demo(args: Args) -> Result<bool, Box<dyn std::error::Error>> {
     }
     let backlog = outbox::backlog(&orders).await?;
     if backlog.pending != args.orders as u64 {
-        return Err(format!("{} events enqueued for {} orders", backlog.pending, args.orders).into());
+        return Err(format!(
+            "{} events enqueued for {} orders",
+            backlog.pending, args.orders
+        )
+        .into());
     }
 
     // Relay A publishes the oldest event, then stalls past its lease before
@@ -247,7 +251,9 @@ async fn demo(args: Args) -> Result<bool, Box<dyn std::error::Error>> {
     let sink = NatsSink::new(js.clone(), "ORDERS");
     let stalled = relay(&orders, &sink)
         .batch(1)
-        .fault(Some(RelayFault::StallAfterPublish(Duration::from_millis(1500))));
+        .fault(Some(RelayFault::StallAfterPublish(Duration::from_millis(
+            1500,
+        ))));
     let a = tokio::spawn(async move {
         stalled.run_once().await?;
         Ok::<_, idem::outbox::RelayError>(stalled.stats())
@@ -278,8 +284,9 @@ async fn demo(args: Args) -> Result<bool, Box<dyn std::error::Error>> {
     if b.duplicates != 1 || a.fenced != 1 {
         return Err("relay B's copy of the first event was not a JetStream duplicate".into());
     }
-    println!("  re-published event: Duplicate (JetStream dropped relay B's copy; A's mark-sent fenced)");
-
+    println!(
+        "  re-published event: Duplicate (JetStream dropped relay B's copy; A's mark-sent fenced)"
+    );
 
     // The billing side.
     let inbox = Inbox::new(billing.clone(), "billing", BILL_ORDER.name())?;

@@ -49,19 +49,19 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use axum::extract::{FromRef, Request, State};
 use axum::body::Bytes;
+use axum::extract::{FromRef, Request, State};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::Router;
 use idem::http::Json;
-use idem::Problem;
 use idem::inbox::webhook::WebhookReceiver;
 use idem::inbox::Inbox;
 use idem::outbox::{self, Message, Relay, RelayFault, WebhookSink};
 use idem::signature::SigningSecret;
+use idem::Problem;
 use idem::{idempotent, Engine, Fingerprint, IdempotencyKey, Scope};
 use idem_client::reqwest_middleware::{self, ClientWithMiddleware};
 use idem_client::{IdempotentRetry, RequestBuilderExt, ResponseExt, RetryPolicy};
@@ -194,20 +194,25 @@ async fn checkout(
             if let Err(error) = inserted {
                 return unavailable(&format!("the order could not be recorded ({error})"));
             }
-            let notification = Message::webhook(format!("{}/notifications", orders.notifications_url))
-                .json(&json!({"order_id": order.order_id, "amount_cents": order.amount_cents}))
-                .map(|message| {
-                    message
-                        .for_step(&key, NOTIFY_ORDER)
-                        .scope(&Scope::tenant(tenant.as_str()))
-                });
+            let notification =
+                Message::webhook(format!("{}/notifications", orders.notifications_url))
+                    .json(&json!({"order_id": order.order_id, "amount_cents": order.amount_cents}))
+                    .map(|message| {
+                        message
+                            .for_step(&key, NOTIFY_ORDER)
+                            .scope(&Scope::tenant(tenant.as_str()))
+                    });
             let enqueued = match notification {
-                Ok(message) => outbox::enqueue(&mut *tx, &message).await.map_err(|e| e.to_string()),
+                Ok(message) => outbox::enqueue(&mut *tx, &message)
+                    .await
+                    .map_err(|e| e.to_string()),
                 Err(error) => Err(error.to_string()),
             };
             match enqueued {
                 Ok(_) => (StatusCode::CREATED, axum::Json(order)).into_response(),
-                Err(error) => unavailable(&format!("the notification could not be enqueued ({error})")),
+                Err(error) => {
+                    unavailable(&format!("the notification could not be enqueued ({error})"))
+                }
             }
         }
         // A deterministic refusal: stored and replayed.
@@ -281,7 +286,10 @@ async fn notifications_service(
     let app = Router::new()
         .route("/notifications", post(notify))
         .with_state(Arc::new(receiver))
-        .layer(middleware::from_fn_with_state(trace.clone(), trace_deliveries));
+        .layer(middleware::from_fn_with_state(
+            trace.clone(),
+            trace_deliveries,
+        ));
     Ok((engine, start(app).await?))
 }
 
@@ -296,7 +304,10 @@ async fn trace_deliveries(State(trace): State<Trace>, request: Request, next: Ne
             "200 replayed: recorded before".to_owned()
         }
         200 => "200 recorded".to_owned(),
-        status => format!("{status} {}", response.status().canonical_reason().unwrap_or("")),
+        status => format!(
+            "{status} {}",
+            response.status().canonical_reason().unwrap_or("")
+        ),
     };
     trace.record(seq, &id, format!("{who} -> notifications"), got);
     response
@@ -307,7 +318,10 @@ async fn trace_deliveries(State(trace): State<Trace>, request: Request, next: Ne
 fn outbox_relay(engine: &Engine<Sqlite>, name: &str) -> Result<Relay<Sqlite>, BoxError> {
     let client = reqwest::Client::builder().user_agent(name).build()?;
     Ok(Relay::new(engine)
-        .sink(WebhookSink::with_client(client, SigningSecret::new(WEBHOOK_SECRET)?))
+        .sink(WebhookSink::with_client(
+            client,
+            SigningSecret::new(WEBHOOK_SECRET)?,
+        ))
         .lease(RELAY_LEASE)
         .poll_interval(Duration::from_millis(50)))
 }

@@ -146,8 +146,7 @@ fn checkout_demo_exits_zero_with_one_charge_per_order() {
 
     for story in [&lost, &gateway, &mesh, &duplicate, &crash, &reused, &relay] {
         assert!(
-            got(story, "side effects")
-                .contains("orders 1, charges 1, notifications 1  [ok]"),
+            got(story, "side effects").contains("orders 1, charges 1, notifications 1  [ok]"),
             "{}",
             story.join("\n")
         );

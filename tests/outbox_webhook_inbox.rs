@@ -74,7 +74,10 @@ async fn serve<DB: TestBackend + InboxBackend>(h: &Harness<DB>) -> String {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");
-    let url = format!("http://{}/hooks/orders", listener.local_addr().expect("addr"));
+    let url = format!(
+        "http://{}/hooks/orders",
+        listener.local_addr().expect("addr")
+    );
     tokio::spawn(async move { axum::serve(listener, app).await.expect("serve") });
     url
 }
@@ -82,7 +85,9 @@ async fn serve<DB: TestBackend + InboxBackend>(h: &Harness<DB>) -> String {
 /// A relay of `h`'s outbox through the webhook sink, signing with `secret`.
 fn relay<DB: TestBackend + OutboxStore>(h: &Harness<DB>, secret: &str) -> Relay<DB> {
     Relay::new(&h.engine)
-        .sink(WebhookSink::new(SigningSecret::new(secret).expect("secret")))
+        .sink(WebhookSink::new(
+            SigningSecret::new(secret).expect("secret"),
+        ))
         .lease(Duration::from_millis(800))
         .publish_timeout(Duration::from_millis(700))
 }
@@ -166,9 +171,9 @@ where
     //    the receiver answers from its record; A's mark-sent is fenced.
     enqueue(publisher, &url, "evt-2", r#"{"order":2}"#).await;
     let stalled = Arc::new(
-        relay(publisher, SECRET).fault(Some(RelayFault::StallAfterPublish(
-            Duration::from_millis(2000),
-        ))),
+        relay(publisher, SECRET).fault(Some(RelayFault::StallAfterPublish(Duration::from_millis(
+            2000,
+        )))),
     );
     let a = tokio::spawn({
         let stalled = stalled.clone();
@@ -182,7 +187,12 @@ where
     let b = relay(publisher, SECRET);
     let entry = deliver(publisher, &b, "evt-2").await;
     assert_eq!(entry.state, MessageState::Sent, "{entry:?}");
-    assert_eq!(b.stats().duplicates, 1, "the receiver replayed: {:?}", b.stats());
+    assert_eq!(
+        b.stats().duplicates,
+        1,
+        "the receiver replayed: {:?}",
+        b.stats()
+    );
     assert_eq!(b.stats().published, 0);
     a.await.expect("relay A");
     assert_eq!(stalled.stats().fenced, 1, "{:?}", stalled.stats());
@@ -215,10 +225,7 @@ where
         "{busy:?}"
     );
     assert_eq!(there.stats().retried, 1, "{:?}", there.stats());
-    assert_eq!(
-        state(publisher, "evt-3").await.state,
-        MessageState::Sent
-    );
+    assert_eq!(state(publisher, "evt-3").await.state, MessageState::Sent);
     let entry = deliver(&other, &there, "evt-3").await;
     assert_eq!(entry.state, MessageState::Sent, "{entry:?}");
     assert_eq!(there.stats().duplicates, 1, "{:?}", there.stats());

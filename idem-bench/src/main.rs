@@ -293,9 +293,8 @@ async fn outbox_scenarios(
     };
     result.relay =
         Some(outbox::relay_throughput(&fresh.engine, &js, messages, cfg.rounds, run_id).await?);
-    result.latency = Some(
-        outbox::latency(&fresh.engine, &client, &js, rate, latency_messages, run_id).await?,
-    );
+    result.latency =
+        Some(outbox::latency(&fresh.engine, &client, &js, rate, latency_messages, run_id).await?);
     Ok(result)
 }
 

@@ -30,7 +30,8 @@ steps! {
 
 /// The payload every benchmark message carries (about the size of a small
 /// JSON event).
-const PAYLOAD: &[u8] = br#"{"event":"charge.created","amount_cents":2500,"currency":"EUR","tenant":"t"}"#;
+const PAYLOAD: &[u8] =
+    br#"{"event":"charge.created","amount_cents":2500,"currency":"EUR","tenant":"t"}"#;
 
 /// Enqueue cost on one backend.
 #[derive(Debug, Clone, Serialize)]
@@ -228,8 +229,7 @@ impl NatsServer {
     /// Starts `nats-server` (or `$IDEM_NATS_SERVER`); `Err` with the reason
     /// if it cannot be started.
     pub fn start() -> Result<Self, String> {
-        let binary =
-            std::env::var("IDEM_NATS_SERVER").unwrap_or_else(|_| "nats-server".to_owned());
+        let binary = std::env::var("IDEM_NATS_SERVER").unwrap_or_else(|_| "nats-server".to_owned());
         let dir = tempfile::Builder::new()
             .prefix("idem-bench-nats-")
             .tempdir()
@@ -340,7 +340,12 @@ where
                 outbox::enqueue(&mut *tx, &message).await?;
             }
             tx.commit().await?;
-            let before = bench.info().await.map_err(|e| format!("info: {e}"))?.state.messages;
+            let before = bench
+                .info()
+                .await
+                .map_err(|e| format!("info: {e}"))?
+                .state
+                .messages;
             let started = Instant::now();
             let mut handles = Vec::new();
             for n in 0..*relays {
@@ -363,7 +368,13 @@ where
             for handle in handles {
                 published += handle.shutdown().await.published;
             }
-            let stored = bench.info().await.map_err(|e| format!("info: {e}"))?.state.messages - before;
+            let stored = bench
+                .info()
+                .await
+                .map_err(|e| format!("info: {e}"))?
+                .state
+                .messages
+                - before;
             if published != messages || stored != messages {
                 return Err(format!(
                     "{relays} relays: {published} published, {stored} stored in the stream, {messages} enqueued"

@@ -276,9 +276,12 @@ fn outbox_markdown(s: &mut String, o: &OutboxResult) {
         );
     }
     if let Some(skipped) = &o.skipped {
-        let _ = writeln!(s, "
+        let _ = writeln!(
+            s,
+            "
 JetStream scenarios skipped: {skipped}
-");
+"
+        );
         return;
     }
     if let Some(t) = &o.relay {
