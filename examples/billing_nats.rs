@@ -7,11 +7,15 @@
 //! cargo run --example billing_nats -- [--nats nats://127.0.0.1:4222] [--orders 5] [--dir DIR]
 //! ```
 //!
-//! 1. The orders service places each order with an `#[idempotent]` handler,
-//!    then publishes `orders.created` through the JetStream sink with the
-//!    message id `child_key(order key, "order-created.v1")`. A client retry
-//!    of the first order is replayed, and the re-publish of its event (what
-//!    a relay does after a crash) is answered `duplicate: true` by JetStream.
+//! 1. The orders service places each order with an `#[idempotent]` handler
+//!    that enqueues its `orders.created` event in the outbox, in the claim's
+//!    transaction, with the message id `child_key(order key,
+//!    "order-created.v1")`. A client retry of the first order is replayed and
+//!    enqueues nothing. Relays publish the outbox through the JetStream sink:
+//!    relay A publishes the first event, then stalls past its lease before
+//!    marking it sent (the `relay-stall-after-publish` fault); relay B
+//!    publishes it again, JetStream answers `duplicate: true` (counted as
+//!    delivered), and A's late mark-sent is fenced.
 //! 2. The billing consumer pulls from the durable consumer `billing` and runs
 //!    an `#[idempotent]` handler per message (scope `inbox/billing`, key the
 //!    message id): one invoice per order, acknowledged after the commit.
@@ -33,9 +37,9 @@ use async_nats::jetstream::{self, consumer::pull, stream};
 use idem::inbox::nats::NatsInbox;
 use idem::inbox::{Consumer, Inbox, Message};
 use idem::outbox::nats::NatsSink;
-use idem::outbox::{Delivered, OutgoingMessage, Sink};
+use idem::outbox::{self, Backoff, Relay, RelayFault};
 use idem::sqlx::{self, Sqlite, SqliteConnection};
-use idem::{idempotent, Engine, Fingerprint, IdempotencyKey, Problem, Via};
+use idem::{idempotent, Engine, Fingerprint, IdempotencyKey, Problem, Scope, Via};
 use serde::{Deserialize, Serialize};
 
 idem::steps! {
@@ -75,11 +79,35 @@ async fn place_order(
     .bind(order.amount_cents)
     .fetch_one(&mut *tx)
     .await?;
-    Ok(OrderCreated {
+    let event = OrderCreated {
         order_id,
         customer: order.customer,
         amount_cents: order.amount_cents,
-    })
+    };
+    // The event commits with the order, or not at all; its id is stable
+    // across retries, so a retried attempt cannot enqueue a second copy.
+    let message = outbox::Message::to("nats", "orders.created")
+        .json(&event)
+        .map_err(|error| Problem::new(500, "event not encodable").with_detail(error.to_string()))?
+        .for_step(&key, ORDER_CREATED)
+        .scope(&Scope::tenant(&tenant));
+    outbox::enqueue(&mut *tx, &message).await?;
+    Ok(event)
+}
+
+/// The orders side's relays: short leases and a retry horizon well inside
+/// the stream's duplicate window (the sink checks it at start).
+fn relay(orders: &Engine<Sqlite>, sink: &NatsSink) -> Relay<Sqlite> {
+    Relay::new(orders)
+        .sink(sink.clone())
+        .lease(Duration::from_millis(500))
+        .publish_timeout(Duration::from_millis(400))
+        .max_attempts(5)
+        .backoff(Backoff {
+            base: Duration::from_millis(100),
+            cap: Duration::from_secs(2),
+        })
+        .poll_interval(Duration::from_millis(50))
 }
 
 #[idempotent(scope = "consumer", step = BILL_ORDER)]
@@ -184,10 +212,7 @@ async fn demo(args: Args) -> Result<bool, Box<dyn std::error::Error>> {
         )
         .await?;
 
-    // The orders side: the sink refuses to start if the stream would forget
-    // ids sooner than we may retry.
-    let sink = NatsSink::new(js.clone(), "ORDERS");
-    sink.check(Duration::from_secs(60)).await?;
+    // The orders side: each order and its event commit together.
     let run = format!("run-{}", std::process::id());
     let mut first_event = None;
     for n in 1..=args.orders {
@@ -198,37 +223,70 @@ async fn demo(args: Args) -> Result<bool, Box<dyn std::error::Error>> {
         };
         let placed = place_order(&orders, "shop".into(), key.clone(), request.clone()).await?;
         let event = placed.value?;
-        let message = OutgoingMessage {
-            id: key.child(ORDER_CREATED).as_str().to_owned(),
-            step: ORDER_CREATED.name().to_owned(),
-            destination: "orders.created".to_owned(),
-            ordering_key: None,
-            headers: Vec::new(),
-            content_type: "application/json".to_owned(),
-            payload: serde_json::to_vec(&event)?,
-            attempt: 1,
-        };
-        let delivered = sink.publish(&message).await?;
+        let id = key.child(ORDER_CREATED);
         println!(
-            "order {} placed; event {} {:?}",
+            "order {} placed; event {} enqueued",
             event.order_id,
-            &message.id[..12],
-            delivered
+            &id.as_str()[..12]
         );
         if n == 1 {
-            // A client retry: replayed, no second order.
+            // A client retry: replayed, no second order and no second event.
             let retried = place_order(&orders, "shop".into(), key, request).await?;
             assert_eq!(retried.via, Via::Replayed);
-            // A relay re-publish after a crash: JetStream drops it.
-            let again = sink.publish(&message).await?;
-            println!(
-                "  retried order: {}; re-published event: {again:?}",
-                retried.via
-            );
-            assert!(matches!(again, Delivered::Duplicate { .. }));
-            first_event = Some(message);
+            println!("  retried order: {}", retried.via);
+            first_event = Some(id);
         }
     }
+    let backlog = outbox::backlog(&orders).await?;
+    if backlog.pending != args.orders as u64 {
+        return Err(format!(
+            "{} events enqueued for {} orders",
+            backlog.pending, args.orders
+        )
+        .into());
+    }
+
+    // Relay A publishes the oldest event, then stalls past its lease before
+    // marking it sent; relay B, started meanwhile, publishes the outbox.
+    let sink = NatsSink::new(js.clone(), "ORDERS");
+    let stalled = relay(&orders, &sink)
+        .batch(1)
+        .fault(Some(RelayFault::StallAfterPublish(Duration::from_millis(
+            1500,
+        ))));
+    let a = tokio::spawn(async move {
+        stalled.run_once().await?;
+        Ok::<_, idem::outbox::RelayError>(stalled.stats())
+    });
+    let mut published = stream.clone();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while published.info().await?.state.messages == 0 {
+        if Instant::now() > deadline {
+            return Err("relay A published nothing".into());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // B's start checks the stream keeps ids longer than B may retry.
+    let b = relay(&orders, &sink).spawn().await?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while outbox::backlog(&orders).await?.pending > 0 {
+        if Instant::now() > deadline {
+            return Err("the outbox was not published within 30 s".into());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let a = a.await??;
+    let b = b.shutdown().await;
+    println!(
+        "relay B: published {}, duplicates {}; relay A: published {}, fenced {}",
+        b.published, b.duplicates, a.published, a.fenced
+    );
+    if b.duplicates != 1 || a.fenced != 1 {
+        return Err("relay B's copy of the first event was not a JetStream duplicate".into());
+    }
+    println!(
+        "  re-published event: Duplicate (JetStream dropped relay B's copy; A's mark-sent fenced)"
+    );
 
     // The billing side.
     let inbox = Inbox::new(billing.clone(), "billing", BILL_ORDER.name())?;
@@ -252,9 +310,12 @@ async fn demo(args: Args) -> Result<bool, Box<dyn std::error::Error>> {
     // The first event again, under a new stream sequence (as after the
     // duplicate window): the stream stores it, the inbox catches it.
     if let Some(first) = first_event {
+        let first = outbox::entry(&orders, first.as_str())
+            .await?
+            .ok_or("order 1's event is not in the outbox")?;
         let publish = jetstream::message::PublishMessage::build()
             .payload(first.payload.clone().into())
-            .header("Idem-Msg-Id", first.id.as_str());
+            .header("Idem-Msg-Id", first.message_id.as_str());
         js.send_publish("orders.created", publish).await?.await?;
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {

@@ -4,15 +4,25 @@
 //! client ──► gateway ──► order service ──► mesh sidecar ──► payments service
 //!            (retries)   POST /checkout    (retries)        POST /payments
 //!                        orders.db                          payments.db
+//!                          │ outbox
+//!                          ▼
+//!                        relay ──► notifications service
+//!                        (webhook   POST /notifications
+//!                         sink)     notifications.db
 //! ```
 //!
-//! `cargo run --example checkout [-- --keep-dbs DIR]` (keeps `orders.db` and
-//! `payments.db` in `DIR` for `idem inspect`)
+//! `cargo run --example checkout [-- --keep-dbs DIR]` (keeps `orders.db`,
+//! `payments.db` and `notifications.db` in `DIR` for `idem inspect`)
 //!
 //! The order service's `POST /checkout` is an `#[idempotent(http)]` handler:
 //! it charges the card through the mesh with the derived key
-//! `order_key.child(CHARGE_CARD)` (= `child_key(order_key, "charge-card.v1")`)
-//! and records the order in the claim's transaction. The gateway and the mesh
+//! `order_key.child(CHARGE_CARD)` (= `child_key(order_key, "charge-card.v1")`),
+//! records the order and enqueues a notification (id
+//! `order_key.child(NOTIFY_ORDER)`) in the claim's transaction. A relay
+//! delivers the outbox through the webhook sink (signed per Standard
+//! Webhooks) to the notifications service, whose receiver verifies the
+//! signature and records the notification under an inbox claim keyed on
+//! `webhook-id`. The gateway and the mesh
 //! are small retrying proxies: each retries once when its upstream answer is
 //! lost (connection dropped) or late. Every hop that retries (client, gateway,
 //! order service, mesh) does it with `idem-client`, keeping the key and body.
@@ -22,9 +32,13 @@
 //!
 //! The demo plays the guide's retries (a client retry after a lost response, a
 //! gateway retry, a mesh retry, a duplicate while the first attempt runs, a crash after commit,
-//! a key reused with a changed amount), prints every attempt in the order it
-//! started and what it got, checks that each order was charged exactly once,
-//! and exits non-zero if not.
+//! a key reused with a changed amount), then a relay crash: a relay process
+//! (this program, run with `--relay-process ORDERS_DB`, its relay armed with
+//! the `relay-after-publish` fault) dies after a notification is delivered
+//! and before it is marked sent, and another relay delivers it again after
+//! the lease. It prints every attempt in the order it
+//! started and what it got, checks that each order was charged and notified
+//! exactly once, and exits non-zero if not.
 
 #[path = "services/payments.rs"]
 mod payments;
@@ -35,15 +49,20 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use axum::body::Bytes;
 use axum::extract::{FromRef, Request, State};
-use axum::http::{HeaderName, HeaderValue, StatusCode};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::Router;
 use idem::http::Json;
+use idem::inbox::webhook::WebhookReceiver;
+use idem::inbox::Inbox;
+use idem::outbox::{self, Message, Relay, RelayFault, WebhookSink};
+use idem::signature::SigningSecret;
 use idem::Problem;
-use idem::{idempotent, Engine, Fingerprint, IdempotencyKey};
+use idem::{idempotent, Engine, Fingerprint, IdempotencyKey, Scope};
 use idem_client::reqwest_middleware::{self, ClientWithMiddleware};
 use idem_client::{IdempotentRetry, RequestBuilderExt, ResponseExt, RetryPolicy};
 use payments::Tenant;
@@ -57,6 +76,11 @@ idem::steps! {
     /// The card charge an order asks payments for; its key is the order's
     /// key's child under this step.
     const CHARGE_CARD = "charge-card.v1";
+    /// The notification an order sends through the outbox; its message id
+    /// is the order's key's child under this step.
+    const NOTIFY_ORDER = "notify-order.v1";
+    /// A notification recorded by the notifications service's inbox.
+    const RECORD_NOTIFICATION = "record-notification.v1";
 }
 
 const TENANT: &str = "shop-1";
@@ -64,6 +88,12 @@ const TENANT: &str = "shop-1";
 const PROXY_TIMEOUT: Duration = Duration::from_secs(3);
 /// How long the client of the first story waits before giving up on a read.
 const CLIENT_TIMEOUT: Duration = Duration::from_millis(500);
+/// The secret the order service's relay signs its webhooks with and the
+/// notifications service verifies them with (Standard Webhooks).
+const WEBHOOK_SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+/// How long a relay leases a message: after a relay dies, another one
+/// delivers the message again once this has passed.
+const RELAY_LEASE: Duration = Duration::from_millis(600);
 
 /// Any error on the way to an answer.
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -92,6 +122,8 @@ struct Orders {
     engine: Engine<Sqlite>,
     /// The payments service, as the mesh sidecar exposes it.
     payments_url: String,
+    /// Where order notifications are delivered (the notifications service).
+    notifications_url: String,
     http: ClientWithMiddleware,
 }
 
@@ -102,8 +134,10 @@ impl FromRef<Orders> for Engine<Sqlite> {
 }
 
 /// `POST /checkout`: charge the card through payments with the derived key,
-/// record the order; both the order and this answer commit together, and
-/// every retry of the key gets this answer back without running again.
+/// record the order and enqueue its notification in the outbox; the order,
+/// the notification and this answer commit together, and every retry of the
+/// key gets this answer back without running again (nor enqueueing again:
+/// the notification's id is `child_key(order key, NOTIFY_ORDER)`).
 ///
 /// The claim is `durable`: it commits an `in_progress` record before the call
 /// to payments, so no database lock is held across that call, and a duplicate
@@ -157,9 +191,28 @@ async fn checkout(
             .bind(order.amount_cents)
             .execute(&mut *tx)
             .await;
-            match inserted {
+            if let Err(error) = inserted {
+                return unavailable(&format!("the order could not be recorded ({error})"));
+            }
+            let notification =
+                Message::webhook(format!("{}/notifications", orders.notifications_url))
+                    .json(&json!({"order_id": order.order_id, "amount_cents": order.amount_cents}))
+                    .map(|message| {
+                        message
+                            .for_step(&key, NOTIFY_ORDER)
+                            .scope(&Scope::tenant(tenant.as_str()))
+                    });
+            let enqueued = match notification {
+                Ok(message) => outbox::enqueue(&mut *tx, &message)
+                    .await
+                    .map_err(|e| e.to_string()),
+                Err(error) => Err(error.to_string()),
+            };
+            match enqueued {
                 Ok(_) => (StatusCode::CREATED, axum::Json(order)).into_response(),
-                Err(error) => unavailable(&format!("the order could not be recorded ({error})")),
+                Err(error) => {
+                    unavailable(&format!("the notification could not be enqueued ({error})"))
+                }
             }
         }
         // A deterministic refusal: stored and replayed.
@@ -182,6 +235,121 @@ fn unavailable(why: &str) -> Response {
             "{why}; nothing was stored, retry with the same Idempotency-Key."
         ))
         .into_response()
+}
+
+// ---------------------------------------------------------------------------
+// The notifications service, fed by the order service's outbox
+// ---------------------------------------------------------------------------
+
+/// `POST /notifications`: a Standard Webhooks receiver. The signature is
+/// verified before anything else (401, nothing stored); the notification is
+/// recorded under an inbox claim keyed on `webhook-id` (the outbox message
+/// id), so a redelivered message is answered from the stored record and
+/// recorded once.
+async fn notify(
+    State(receiver): State<Arc<WebhookReceiver<Sqlite>>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    receiver
+        .receive(&headers, &body, async |tx, message| {
+            let event: serde_json::Value = message
+                .json()
+                .map_err(|error| Problem::new(400, "Not JSON").with_detail(error.to_string()))?;
+            let Some(order_id) = event["order_id"].as_str() else {
+                return Err(Problem::new(422, "No order_id"));
+            };
+            sqlx::query("INSERT INTO notifications (message_id, order_id) VALUES ($1, $2)")
+                .bind(&message.id)
+                .bind(order_id)
+                .execute(&mut *tx)
+                .await?;
+            Ok(json!({"notified": order_id}))
+        })
+        .await
+}
+
+/// The notifications service on its own SQLite file, behind `trace` (which
+/// records every delivery, named by the relay's user agent).
+async fn notifications_service(
+    path: &std::path::Path,
+    trace: &Trace,
+) -> Result<(Engine<Sqlite>, String), BoxError> {
+    let engine = Engine::<Sqlite>::open_sqlite(path).await?;
+    engine.migrate().await?;
+    idem::registry::validate(&engine).await?;
+    sqlx::query("CREATE TABLE notifications (message_id TEXT NOT NULL, order_id TEXT NOT NULL)")
+        .execute(engine.pool())
+        .await?;
+    let inbox = Inbox::new(engine.clone(), "notifications", RECORD_NOTIFICATION.name())?;
+    let receiver = WebhookReceiver::new(inbox, SigningSecret::new(WEBHOOK_SECRET)?);
+    let app = Router::new()
+        .route("/notifications", post(notify))
+        .with_state(Arc::new(receiver))
+        .layer(middleware::from_fn_with_state(
+            trace.clone(),
+            trace_deliveries,
+        ));
+    Ok((engine, start(app).await?))
+}
+
+/// Records each webhook delivery in the trace, under its `webhook-id`.
+async fn trace_deliveries(State(trace): State<Trace>, request: Request, next: Next) -> Response {
+    let id = header(&request, "webhook-id").unwrap_or_default();
+    let who = header(&request, "user-agent").unwrap_or_default();
+    let seq = trace.start();
+    let response = next.run(request).await;
+    let got = match response.status().as_u16() {
+        200 if response.headers().contains_key("idempotent-replayed") => {
+            "200 replayed: recorded before".to_owned()
+        }
+        200 => "200 recorded".to_owned(),
+        status => format!(
+            "{status} {}",
+            response.status().canonical_reason().unwrap_or("")
+        ),
+    };
+    trace.record(seq, &id, format!("{who} -> notifications"), got);
+    response
+}
+
+/// A relay for the order service's outbox, delivering through the webhook
+/// sink; `name` is its user agent, which the trace shows.
+fn outbox_relay(engine: &Engine<Sqlite>, name: &str) -> Result<Relay<Sqlite>, BoxError> {
+    let client = reqwest::Client::builder().user_agent(name).build()?;
+    Ok(Relay::new(engine)
+        .sink(WebhookSink::with_client(
+            client,
+            SigningSecret::new(WEBHOOK_SECRET)?,
+        ))
+        .lease(RELAY_LEASE)
+        .poll_interval(Duration::from_millis(50)))
+}
+
+/// Waits until every message of the outbox is delivered.
+async fn drained(engine: &Engine<Sqlite>) -> Result<(), BoxError> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while outbox::backlog(engine).await?.pending > 0 {
+        if Instant::now() > deadline {
+            return Err("the outbox was not delivered within 10 s".into());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok(())
+}
+
+/// `checkout --relay-process ORDERS_DB`: a relay process for the order
+/// service's outbox that dies (`abort`) right after its first delivery is
+/// acknowledged, before it marks the message sent.
+async fn relay_process(orders_db: &str) -> Result<bool, BoxError> {
+    let engine = Engine::<Sqlite>::open_sqlite(orders_db).await?;
+    let relay = outbox_relay(&engine, "relay B")?
+        .fault(Some(RelayFault::AfterPublish))
+        .spawn()
+        .await?;
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    relay.shutdown().await;
+    Err("the relay process delivered nothing in 10 s".into())
 }
 
 // ---------------------------------------------------------------------------
@@ -601,13 +769,15 @@ async fn run() -> Result<bool, BoxError> {
         }
     }));
 
-    // `--keep-dbs DIR`: keep orders.db and payments.db in DIR (for `idem inspect`).
+    // `--keep-dbs DIR`: keep orders.db, payments.db and notifications.db in
+    // DIR (for `idem inspect`).
     let args: Vec<String> = std::env::args().skip(1).collect();
     let dir = match args.as_slice() {
         [] => StoreDir::Temporary(tempfile::tempdir()?),
+        [flag, db] if flag == "--relay-process" => return relay_process(db).await,
         [flag, dir] if flag == "--keep-dbs" => {
             std::fs::create_dir_all(dir)?;
-            for file in ["orders.db", "payments.db"] {
+            for file in ["orders.db", "payments.db", "notifications.db"] {
                 let _ = std::fs::remove_file(std::path::Path::new(dir).join(file));
             }
             StoreDir::Kept(dir.into())
@@ -628,8 +798,14 @@ async fn run() -> Result<bool, BoxError> {
         start(RetryingProxy::new("mesh -> payments", payments_url.clone(), &trace).router())
             .await?;
 
-    // orders: the same start-up, then the gateway in front of it.
-    let orders_engine = Engine::<Sqlite>::open_sqlite(dir.path().join("orders.db")).await?;
+    // notifications: a webhook receiver over an inbox, on its own SQLite file.
+    let (notifications_engine, notifications_url) =
+        notifications_service(&dir.path().join("notifications.db"), &trace).await?;
+
+    // orders: the same start-up, then the gateway in front of it, and the
+    // relay delivering its outbox to notifications.
+    let orders_db = dir.path().join("orders.db");
+    let orders_engine = Engine::<Sqlite>::open_sqlite(&orders_db).await?;
     orders_engine.migrate().await?;
     idem::registry::validate(&orders_engine).await?;
     sqlx::query("CREATE TABLE orders (order_id TEXT PRIMARY KEY, payment_id TEXT NOT NULL, amount_cents BIGINT NOT NULL)")
@@ -645,6 +821,7 @@ async fn run() -> Result<bool, BoxError> {
         .with_state(Orders {
             engine: orders_engine.clone(),
             payments_url: mesh_url.clone(),
+            notifications_url: notifications_url.clone(),
             http: idem_client::client(
                 reqwest::Client::new(),
                 RetryPolicy::default().max_attempts(2),
@@ -653,12 +830,15 @@ async fn run() -> Result<bool, BoxError> {
     let orders_url = start(orders_app).await?;
     let gateway_url =
         start(RetryingProxy::new("gateway -> orders", orders_url.clone(), &trace).router()).await?;
+    let first_relay = outbox_relay(&orders_engine, "relay")?.spawn().await?;
 
     println!("client --> gateway  {gateway_url}   retries once on a lost or late answer");
     println!("       --> orders   {orders_url}   POST /checkout, #[idempotent(http)], step {PLACE_ORDER}, SQLite");
     println!("orders --> mesh     {mesh_url}   retries once on a lost or late answer");
     println!("       --> payments {payments_url}   POST /payments, #[idempotent(http)], SQLite");
-    println!("the charge's key: order key .child({CHARGE_CARD}) = child_key(order key, \"{CHARGE_CARD}\")\n");
+    println!("orders --> outbox --> relay --> notifications {notifications_url}   Standard Webhooks, inbox keyed on webhook-id, SQLite");
+    println!("the charge's key: order key .child({CHARGE_CARD}) = child_key(order key, \"{CHARGE_CARD}\")");
+    println!("the notification's id: order key .child({NOTIFY_ORDER}), enqueued in the order's transaction\n");
 
     let demo = Demo {
         http: traced_client(RetryPolicy::default(), &trace),
@@ -733,6 +913,41 @@ async fn run() -> Result<bool, BoxError> {
     demo.checkout(&["client #2 -> gateway"], gateway, key, "ord-1006", 7500)
         .await?;
 
+    // 7. The first relay stops; relay B, in a process of its own, delivers an
+    //    order's notification, then the process dies before marking it sent.
+    //    Once B's lease has passed, relay C delivers it again and the
+    //    notifications inbox answers from its record.
+    drained(&orders_engine).await?;
+    first_relay.shutdown().await;
+    let key = "key-ord-1007";
+    story.push(("relay crash after delivery", "ord-1007", key));
+    demo.checkout(&["client #1 -> orders"], orders, key, "ord-1007", 1200)
+        .await?;
+    let notification = IdempotencyKey::new(key)?.child(NOTIFY_ORDER);
+    let crashed = tokio::time::timeout(
+        Duration::from_secs(15),
+        tokio::process::Command::new(std::env::current_exe()?)
+            .arg("--relay-process")
+            .arg(&orders_db)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status(),
+    )
+    .await??;
+    let seq = trace.start();
+    trace.record(
+        seq,
+        notification.as_str(),
+        "relay B".to_owned(),
+        match crashed.code() {
+            None => "process died after the 200, before marking sent".to_owned(),
+            Some(code) => format!("exited {code} without dying"),
+        },
+    );
+    let second_relay = outbox_relay(&orders_engine, "relay C")?.spawn().await?;
+    drained(&orders_engine).await?;
+    second_relay.shutdown().await;
+
     // Side effects, per service.
     let charges: serde_json::Value = demo
         .http
@@ -747,13 +962,18 @@ async fn run() -> Result<bool, BoxError> {
         .fetch_all(orders_engine.pool())
         .await?;
 
+    let notified: Vec<(String,)> = sqlx::query_as("SELECT order_id FROM notifications")
+        .fetch_all(notifications_engine.pool())
+        .await?;
+
     const WIDTH: usize = 104;
     println!("{:<34} {:<26} got", "logical operation", "attempt");
     println!("{}", "-".repeat(WIDTH));
     let mut ok = true;
     for (name, order_ref, key) in &story {
-        let child = IdempotencyKey::new(*key)?.child(CHARGE_CARD);
-        let events = trace.for_keys(&[key, child.as_str()]);
+        let charge = IdempotencyKey::new(*key)?.child(CHARGE_CARD);
+        let notification = IdempotencyKey::new(*key)?.child(NOTIFY_ORDER);
+        let events = trace.for_keys(&[key, charge.as_str(), notification.as_str()]);
         for (i, (who, got)) in events.iter().enumerate() {
             let label = match i {
                 0 => name.to_string(),
@@ -773,10 +993,11 @@ async fn run() -> Result<bool, BoxError> {
             .filter(|c| c["destination"] == destination.as_str())
             .count();
         let ordered = placed.iter().filter(|(id, _)| id == order_ref).count();
-        let right = charged == 1 && ordered == 1;
+        let notifications = notified.iter().filter(|(id,)| id == order_ref).count();
+        let right = charged == 1 && ordered == 1 && notifications == 1;
         ok &= right;
         println!(
-            "{:<34} {:<26} orders {ordered}, charges {charged}  [{}]",
+            "{:<34} {:<26} orders {ordered}, charges {charged}, notifications {notifications}  [{}]",
             "",
             "  side effects",
             if right { "ok" } else { "WRONG" }
@@ -784,11 +1005,15 @@ async fn run() -> Result<bool, BoxError> {
         println!();
     }
     println!("{}", "-".repeat(WIDTH));
-    let all = ok && charges.len() == story.len() && placed.len() == story.len();
+    let all = ok
+        && charges.len() == story.len()
+        && placed.len() == story.len()
+        && notified.len() == story.len();
     println!(
-        "order service: {} orders | payments service: {} charges | {} logical operations, one charge per order: {} ({} ms)",
+        "order service: {} orders | payments service: {} charges | notifications service: {} notifications | {} logical operations, one charge and one notification per order: {} ({} ms)",
         placed.len(),
         charges.len(),
+        notified.len(),
         story.len(),
         if all { "yes" } else { "NO" },
         started.elapsed().as_millis()

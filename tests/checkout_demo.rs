@@ -1,6 +1,9 @@
 //! The README's first command, `cargo run --example checkout`, exits 0 and
-//! reports one charge per order, and the retries it tells of really happened:
-//! the gateway and the mesh each retried a lost answer and got the replay.
+//! reports one charge and one notification per order, and the retries it
+//! tells of really happened: the gateway and the mesh each retried a lost
+//! answer and got the replay, and a relay process died after delivering a
+//! notification and before marking it sent, whose redelivery was answered
+//! from the notifications inbox.
 //! `cargo test` builds the example; this runs it.
 
 use std::path::PathBuf;
@@ -61,7 +64,10 @@ fn checkout_demo_exits_zero_with_one_charge_per_order() {
         output.status,
         String::from_utf8_lossy(&output.stderr)
     );
-    assert!(stdout.contains("one charge per order: yes"), "{stdout}");
+    assert!(
+        stdout.contains("one charge and one notification per order: yes"),
+        "{stdout}"
+    );
     assert!(!stdout.contains("WRONG"), "{stdout}");
     assert!(
         std::fs::read_dir(dir.path()).unwrap().next().is_none(),
@@ -118,9 +124,29 @@ fn checkout_demo_exits_zero_with_one_charge_per_order() {
         "422 key reused with a different request"
     );
 
-    for story in [&lost, &gateway, &mesh, &duplicate, &crash, &reused] {
+    let relay = rows(&stdout, "relay crash after delivery");
+    assert_eq!(got(&relay, "client #1"), "201 executed", "{stdout}");
+    assert_eq!(
+        got(&relay, "relay B -> notifications"),
+        "200 recorded",
+        "{stdout}"
+    );
+    assert!(
+        relay
+            .iter()
+            .any(|row| row.get(35..62).map(str::trim) == Some("relay B")
+                && row[62..].trim() == "process died after the 200, before marking sent"),
+        "{stdout}"
+    );
+    assert_eq!(
+        got(&relay, "relay C -> notifications"),
+        "200 replayed: recorded before",
+        "{stdout}"
+    );
+
+    for story in [&lost, &gateway, &mesh, &duplicate, &crash, &reused, &relay] {
         assert!(
-            story.last().unwrap().contains("orders 1, charges 1  [ok]"),
+            got(story, "side effects").contains("orders 1, charges 1, notifications 1  [ok]"),
             "{}",
             story.join("\n")
         );

@@ -50,7 +50,8 @@ async fn every_order_of_the_demo_was_charged_exactly_once() {
         stores.push((spec, store));
     }
     let scope = Scope::tenant("shop-1").to_string();
-    for order in 1001..=1006 {
+    assert!(kept.join("notifications.db").is_file());
+    for order in 1001..=1007 {
         let key = format!("key-ord-{order}");
         let found = inspect(&stores, &scope, &key, &["charge-card.v1".to_owned()])
             .await

@@ -15,6 +15,7 @@ mod fingerprint;
 mod growth;
 mod lite;
 mod measure;
+mod outbox;
 mod pg;
 mod report;
 mod storm;
@@ -230,6 +231,12 @@ async fn run(cfg: Config) -> Result<Report, BenchError> {
         None => None,
     };
 
+    let outbox = if wants("outbox") {
+        Some(outbox_scenarios(&cfg, &server, &dir, connections, &run_id).await?)
+    } else {
+        None
+    };
+
     let ratios = report::ratios(&backends, &cfg.clients);
     eprintln!("done in {:.0}s", started.elapsed().as_secs_f64());
     Ok(Report {
@@ -241,7 +248,54 @@ async fn run(cfg: Config) -> Result<Report, BenchError> {
         ratios,
         fingerprint: Some(fp),
         growth,
+        outbox,
     })
+}
+
+/// The outbox scenarios: enqueue cost on both backends, then, with a
+/// `nats-server` of our own, relay throughput and latency on a fresh
+/// Postgres outbox.
+async fn outbox_scenarios(
+    cfg: &Config,
+    server: &PgServer,
+    dir: &tempfile::TempDir,
+    connections: u32,
+    run_id: &str,
+) -> Result<outbox::OutboxResult, BenchError> {
+    eprintln!("== outbox ==");
+    let clients = 8;
+    let mut result = outbox::OutboxResult::default();
+    let pg = pg::Pg::setup(server, connections).await?;
+    result.enqueue.push(
+        outbox::enqueue_cost("postgres", &pg.engine, clients, cfg.ops, cfg.rounds, run_id).await?,
+    );
+    let lite = lite::Lite::setup(&dir.path().join("outbox.db"), connections).await?;
+    result.enqueue.push(
+        outbox::enqueue_cost("sqlite", &lite.engine, clients, cfg.ops, cfg.rounds, run_id).await?,
+    );
+    let nats = match outbox::NatsServer::start() {
+        Ok(nats) => nats,
+        Err(reason) => {
+            eprintln!("  outbox JetStream scenarios skipped: {reason}");
+            result.skipped = Some(reason);
+            return Ok(result);
+        }
+    };
+    let client = async_nats::connect(nats.url())
+        .await
+        .map_err(|e| format!("connecting to nats-server: {e}"))?;
+    let js = async_nats::jetstream::new(client.clone());
+    let fresh = pg::Pg::setup(server, connections).await?;
+    let (messages, rate, latency_messages) = match cfg.mode {
+        "smoke" => (50, 100, 30),
+        "quick" => (1000, 200, 400),
+        _ => (5000, 200, 2000),
+    };
+    result.relay =
+        Some(outbox::relay_throughput(&fresh.engine, &js, messages, cfg.rounds, run_id).await?);
+    result.latency =
+        Some(outbox::latency(&fresh.engine, &client, &js, rate, latency_messages, run_id).await?);
+    Ok(result)
 }
 
 fn main() {

@@ -6,6 +6,7 @@ use serde::Serialize;
 
 use crate::fingerprint::FingerprintResult;
 use crate::growth::GrowthResult;
+use crate::outbox::{OutboxResult, ENQUEUE_TARGET, LATENCY_P50_TARGET_MS, RELAY_TARGET};
 use crate::storm::StormResult;
 use crate::throughput::Cell;
 
@@ -58,6 +59,8 @@ pub struct Report {
     pub fingerprint: Option<FingerprintResult>,
     /// Growth and purge (Postgres).
     pub growth: Option<GrowthResult>,
+    /// The outbox scenarios.
+    pub outbox: Option<OutboxResult>,
 }
 
 fn throughput(b: &BackendReport, scenario: &str, clients: usize) -> Option<f64> {
@@ -250,5 +253,63 @@ pub fn markdown(r: &Report) -> String {
             p.claims_throughput_without
         );
     }
+    if let Some(o) = &r.outbox {
+        outbox_markdown(&mut s, o);
+    }
     s
+}
+
+fn outbox_markdown(s: &mut String, o: &OutboxResult) {
+    let verdict = |ok: bool| if ok { "meets" } else { "misses" };
+    let _ = writeln!(s, "| outbox enqueue | clients | handler ops/s | handler + enqueue ops/s | ratio (target ≥ {ENQUEUE_TARGET}) |");
+    let _ = writeln!(s, "|---|---:|---:|---:|---:|");
+    for e in &o.enqueue {
+        let _ = writeln!(
+            s,
+            "| {} | {} | {:.0} | {:.0} | **{:.2}** ({}) |",
+            e.backend,
+            e.clients,
+            e.plain_ops_s,
+            e.enqueue_ops_s,
+            e.ratio,
+            verdict(e.ratio >= ENQUEUE_TARGET)
+        );
+    }
+    if let Some(skipped) = &o.skipped {
+        let _ = writeln!(
+            s,
+            "
+JetStream scenarios skipped: {skipped}
+"
+        );
+        return;
+    }
+    if let Some(t) = &o.relay {
+        let _ = writeln!(
+            s,
+            "
+| relay → JetStream (postgres outbox, {} messages) | msg/s | ÷ raw publish-with-ack ({:.0} msg/s), target ≥ {RELAY_TARGET} |",
+            t.messages, t.raw_msgs_s
+        );
+        let _ = writeln!(s, "|---|---:|---:|");
+        for (relays, rate, ratio) in &t.relays {
+            let _ = writeln!(
+                s,
+                "| {relays} relay(s) | {rate:.0} | **{ratio:.2}** ({}) |",
+                verdict(*ratio >= RELAY_TARGET)
+            );
+        }
+    }
+    if let Some(l) = &o.latency {
+        let _ = writeln!(
+            s,
+            "
+enqueue → publish at {}/s ({} messages, postgres outbox, one relay): p50 **{:.1} ms** ({} target ≤ {LATENCY_P50_TARGET_MS} ms), p99 {:.1} ms\n",
+            l.rate,
+            l.messages,
+            l.p50_ms,
+            verdict(l.p50_ms <= LATENCY_P50_TARGET_MS),
+            l.p99_ms
+        );
+    }
 }
