@@ -42,7 +42,7 @@ async fn every_order_of_the_demo_was_charged_exactly_once() {
     );
 
     let mut stores = Vec::new();
-    for name in ["orders", "payments"] {
+    for name in ["orders", "payments", "notifications"] {
         let spec: StoreSpec = format!("{name}={}", kept.join(format!("{name}.db")).display())
             .parse()
             .unwrap();
@@ -56,12 +56,29 @@ async fn every_order_of_the_demo_was_charged_exactly_once() {
         let found = inspect(&stores, &scope, &key, &["charge-card.v1".to_owned()])
             .await
             .unwrap();
+        let effects = found.effects();
+        assert_eq!(effects.len(), 4, "{key}: {effects:#?}");
         assert_eq!(
-            found.effects(),
-            [
-                "K in orders: completed once, response 201 (place-order.v1)",
-                "child(K, charge-card.v1) in payments: completed once, response 201 (create-payment.v1)",
-            ],
+            effects[0], "K in orders: completed once, response 201 (place-order.v1)",
+            "{key}"
+        );
+        // The order's notification left through the outbox, was delivered,
+        // and the notifications service processed it once.
+        assert!(
+            effects[1].starts_with("K in orders outbox: notify-order.v1 message via webhook to ")
+                && effects[1].contains(": sent, ")
+                && effects[1].ends_with("receipt HTTP 200"),
+            "{key}: {}",
+            effects[1]
+        );
+        assert_eq!(
+            effects[2],
+            "  notify-order.v1 message in notifications: consumer notifications: processed once (record-notification.v1)",
+            "{key}"
+        );
+        assert_eq!(
+            effects[3],
+            "child(K, charge-card.v1) in payments: completed once, response 201 (create-payment.v1)",
             "{key}"
         );
         assert!(!found.needs_attention(), "{key}");
