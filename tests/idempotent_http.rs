@@ -3,6 +3,8 @@
 //! byte-identical replay, 422 on a changed body, 400 without a key, and a 5xx
 //! that is not stored so the retry executes.
 
+#[path = "../examples/services/client.rs"]
+mod client;
 mod support;
 
 use axum::body::{to_bytes, Body};
@@ -83,6 +85,8 @@ support::on_each_store! {
     executes_once_replays_refuses_a_changed_body_and_a_missing_key,
     #[tokio::test]
     a_server_error_is_not_stored_and_the_retry_executes,
+    #[tokio::test]
+    response_headers_are_stored_and_replayed_over_a_socket,
 }
 
 #[idempotent(http, scope = "tenant", step = CREATE_ORDER)]
@@ -179,4 +183,113 @@ async fn a_server_error_is_not_stored_and_the_retry_executes<DB: TestBackend>(
     assert_eq!(again.body, retry.body);
 
     assert_eq!(orders(engine).await, 1);
+}
+
+idem::steps! {
+    const CREATE_SESSION = "create-session.v1";
+    const CREATE_TICKET = "create-ticket.v1";
+}
+
+/// The headers a created resource answers with, a session cookie and a
+/// hop-by-hop header among them.
+fn created_with_headers(path: String) -> Response {
+    (
+        StatusCode::CREATED,
+        [
+            (header::LOCATION, path),
+            (header::ETAG, "\"v1\"".to_owned()),
+            (header::CACHE_CONTROL, "no-store".to_owned()),
+            (header::LINK, "</docs>; rel=\"help\"".to_owned()),
+            (header::SET_COOKIE, "session=first-client".to_owned()),
+            (
+                header::HeaderName::from_static("x-ticket-shard"),
+                "7".to_owned(),
+            ),
+            (
+                header::HeaderName::from_static("keep-alive"),
+                "timeout=99".to_owned(),
+            ),
+        ],
+        axum::Json(serde_json::json!({ "nonce": nonce() })),
+    )
+        .into_response()
+}
+
+/// Keeps the default headers: `Set-Cookie` is not stored, so not sent.
+#[idempotent(http, scope = "tenant", step = CREATE_TICKET)]
+async fn create_ticket<DB: TestBackend>(
+    tx: &mut DB::Connection,
+    Path(tenant): Path<String>,
+    key: IdempotencyKey,
+    #[fingerprint] Json(order): Json<NewOrder>,
+) -> Response {
+    let _ = &mut *tx;
+    created_with_headers(format!("/{tenant}/tickets/{}", order.sku))
+}
+
+/// Opts in to `Set-Cookie`: stored, and handed to the retry too.
+#[idempotent(http, scope = "tenant", step = CREATE_SESSION, headers = ["Set-Cookie"])]
+async fn create_session<DB: TestBackend>(
+    tx: &mut DB::Connection,
+    Path(tenant): Path<String>,
+    key: IdempotencyKey,
+    #[fingerprint] Json(order): Json<NewOrder>,
+) -> Response {
+    let _ = &mut *tx;
+    created_with_headers(format!("/{tenant}/sessions/{}", order.sku))
+}
+
+async fn response_headers_are_stored_and_replayed_over_a_socket<DB: TestBackend>(
+    harness: impl AsyncFn(Policy) -> Harness<DB>,
+) {
+    let store = harness(Policy::default()).await;
+    let app = Router::new()
+        .route("/{tenant}/tickets", post(create_ticket::<DB>))
+        .route("/{tenant}/sessions", post(create_session::<DB>))
+        .with_state(store.engine.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let http = client::HttpClient::new();
+    let post = async |path: &str| {
+        let key = format!("\"{path}\"");
+        http.post_json(
+            &format!("{base}{path}"),
+            &[("idempotency-key", key.as_str())],
+            &serde_json::json!({"sku": "tea"}),
+        )
+        .await
+        .unwrap()
+    };
+
+    let first = post("/acme/tickets").await;
+    let replay = post("/acme/tickets").await;
+    assert_eq!(first.status, 201, "{first:?}");
+    assert!(!first.replayed() && replay.replayed(), "{replay:?}");
+    assert_eq!(replay.body, first.body);
+    for (name, value) in [
+        ("location", "/acme/tickets/tea"),
+        ("etag", "\"v1\""),
+        ("cache-control", "no-store"),
+        ("link", "</docs>; rel=\"help\""),
+        ("x-ticket-shard", "7"),
+    ] {
+        assert_eq!(
+            first.header(name),
+            Some(value),
+            "{name} on the first answer"
+        );
+        assert_eq!(replay.header(name), Some(value), "{name} on the replay");
+    }
+    for reply in [&first, &replay] {
+        assert_eq!(reply.header("set-cookie"), None, "{reply:?}");
+        assert_ne!(reply.header("keep-alive"), Some("timeout=99"), "{reply:?}");
+    }
+
+    let first = post("/acme/sessions").await;
+    let replay = post("/acme/sessions").await;
+    assert!(replay.replayed(), "{replay:?}");
+    assert_eq!(first.header("set-cookie"), Some("session=first-client"));
+    assert_eq!(replay.header("set-cookie"), Some("session=first-client"));
+    assert_eq!(replay.header("location"), Some("/acme/sessions/tea"));
 }

@@ -191,5 +191,5 @@ pub use axum;
 /// The HTTP helpers `#[idempotent(http)]` calls.
 #[cfg(feature = "axum")]
 pub mod http {
-    pub use crate::http::{into_stored, operation_span, respond};
+    pub use crate::http::{into_stored_keeping, operation_span, respond, KeptHeaders};
 }

@@ -15,6 +15,11 @@ pub struct StoredResponse {
     pub content_type: String,
     /// The body bytes.
     pub body: Vec<u8>,
+    /// Response headers replayed with the body, as `(lower-case name, value)`
+    /// pairs in the order they were sent; never `Content-Type` (kept in
+    /// [`StoredResponse::content_type`]), `Content-Length` or hop-by-hop
+    /// headers. Empty for outcomes that are not HTTP responses.
+    pub headers: Vec<(String, String)>,
 }
 
 impl StoredResponse {
@@ -113,6 +118,7 @@ where
                 status,
                 content_type: JSON.to_owned(),
                 body,
+                headers: Vec::new(),
             }),
             Err(error) => {
                 tracing::error!(%error, "outcome could not be serialized; rolling back");
