@@ -322,13 +322,13 @@ mod kept_headers_tests {
     async fn set_cookie_only_when_named_and_multiple_values_kept_in_order() {
         let response = || {
             (
-                [
+                axum::response::AppendHeaders([
                     (header::SET_COOKIE, "a=1"),
                     (header::SET_COOKIE, "b=2"),
                     (header::LINK, "</p?page=2>; rel=\"next\""),
                     (header::LINK, "</p?page=0>; rel=\"prev\""),
                     (header::TRANSFER_ENCODING, "chunked"),
-                ],
+                ]),
                 "body",
             )
                 .into_response()
