@@ -87,6 +87,8 @@ support::on_each_store! {
     a_server_error_is_not_stored_and_the_retry_executes,
     #[tokio::test]
     response_headers_are_stored_and_replayed_over_a_socket,
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    another_keys_request_during_a_long_handler_is_not_blamed_on_its_key,
 }
 
 #[idempotent(http, scope = "tenant", step = CREATE_ORDER)]
@@ -292,4 +294,109 @@ async fn response_headers_are_stored_and_replayed_over_a_socket<DB: TestBackend>
     assert_eq!(first.header("set-cookie"), Some("session=first-client"));
     assert_eq!(replay.header("set-cookie"), Some("session=first-client"));
     assert_eq!(replay.header("location"), Some("/acme/sessions/tea"));
+}
+
+idem::steps! {
+    const SLOW_ORDER = "slow-order.v1";
+}
+
+#[derive(Debug, Deserialize, Fingerprint)]
+struct SlowOrder {
+    sku: String,
+    /// How long the handler keeps its transaction open; not part of the request's identity.
+    #[fingerprint(skip)]
+    #[serde(default)]
+    hold_ms: u64,
+}
+
+/// Writes, then keeps its claim's transaction open for `hold_ms`.
+#[idempotent(http, scope = "tenant", step = SLOW_ORDER, wait = "300ms")]
+async fn slow_order<DB: TestBackend>(
+    tx: &mut DB::Connection,
+    Path(tenant): Path<String>,
+    key: IdempotencyKey,
+    #[fingerprint] Json(order): Json<SlowOrder>,
+) -> Response {
+    let sql = format!(
+        "INSERT INTO orders (tenant, sku) VALUES ('{tenant}', '{}')",
+        order.sku
+    );
+    DB::execute_on(tx, &sql).await.unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(order.hold_ms)).await;
+    (
+        StatusCode::CREATED,
+        axum::Json(serde_json::json!({ "sku": order.sku })),
+    )
+        .into_response()
+}
+
+async fn post_slow(base: &str, key: &str, sku: &str, hold_ms: u64) -> client::Reply {
+    client::HttpClient::new()
+        .post_json(
+            &format!("{base}/acme/slow"),
+            &[("idempotency-key", key)],
+            &serde_json::json!({ "sku": sku, "hold_ms": hold_ms }),
+        )
+        .await
+        .unwrap()
+}
+
+fn problem_type(reply: &client::Reply) -> String {
+    reply.json()["type"].as_str().unwrap_or_default().to_owned()
+}
+
+/// While one request's handler runs, a request with another key is never
+/// told its key is in use: on Postgres it runs at once; on SQLite, whose one
+/// writer is taken, it gets 503 + `Retry-After` "store busy". The same key
+/// gets 409 on both.
+async fn another_keys_request_during_a_long_handler_is_not_blamed_on_its_key<DB: TestBackend>(
+    harness: impl AsyncFn(Policy) -> Harness<DB>,
+) {
+    let store = harness(Policy::default()).await;
+    DB::execute(
+        store.engine.pool(),
+        "CREATE TABLE orders (tenant TEXT NOT NULL, sku TEXT NOT NULL)",
+    )
+    .await;
+    let app = Router::new()
+        .route("/{tenant}/slow", post(slow_order::<DB>))
+        .with_state(store.engine.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+
+    let slow = tokio::spawn({
+        let base = base.clone();
+        async move { post_slow(&base, "slow-a", "tea", 2500).await }
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(400)).await;
+
+    let other = post_slow(&base, "other-b", "coffee", 0).await;
+    if <DB as sqlx::Database>::NAME == "SQLite" {
+        assert_eq!(other.status, 503, "{other:?}");
+        assert_eq!(other.header("retry-after"), Some("1"), "{other:?}");
+        assert!(
+            problem_type(&other).ends_with("#store-busy"),
+            "{}",
+            problem_type(&other)
+        );
+        let detail = other.json()["detail"].as_str().unwrap().to_owned();
+        assert!(detail.contains("says nothing about your key"), "{detail}");
+    } else {
+        assert_eq!(other.status, 201, "{other:?}");
+    }
+
+    let duplicate = post_slow(&base, "slow-a", "tea", 2500).await;
+    assert_eq!(duplicate.status, 409, "{duplicate:?}");
+    assert!(
+        problem_type(&duplicate).ends_with("#request-in-progress"),
+        "{}",
+        problem_type(&duplicate)
+    );
+
+    let slow = slow.await.unwrap();
+    assert_eq!(slow.status, 201, "{slow:?}");
+    // Once the writer is free, the refused request runs (or replays).
+    let retried = post_slow(&base, "other-b", "coffee", 0).await;
+    assert_eq!(retried.status, 201, "{retried:?}");
 }

@@ -369,8 +369,8 @@ mod tests {
         );
         let started = Instant::now();
         match engine.claim(&op).await {
-            Err(IdemError::InProgress { .. }) => {}
-            Err(other) => panic!("expected in-progress, got {other:?}"),
+            Err(IdemError::StoreBusy { .. }) => {}
+            Err(other) => panic!("expected store busy, got {other:?}"),
             Ok(Claim::Execute(_)) => panic!("claimed while another writer holds the lock"),
             Ok(Claim::Replay(_)) => panic!("replayed a key never stored"),
         }
