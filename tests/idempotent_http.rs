@@ -89,6 +89,8 @@ support::on_each_store! {
     response_headers_are_stored_and_replayed_over_a_socket,
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     another_keys_request_during_a_long_handler_is_not_blamed_on_its_key,
+    #[tokio::test]
+    which_statuses_are_stored_by_default_and_per_handler,
 }
 
 #[idempotent(http, scope = "tenant", step = CREATE_ORDER)]
@@ -399,4 +401,104 @@ async fn another_keys_request_during_a_long_handler_is_not_blamed_on_its_key<DB:
     // Once the writer is free, the refused request runs (or replays).
     let retried = post_slow(&base, "other-b", "coffee", 0).await;
     assert_eq!(retried.status, 201, "{retried:?}");
+}
+
+idem::steps! {
+    const ANSWER_DEFAULT = "answer-default.v1";
+    const ANSWER_CUSTOM = "answer-custom.v1";
+}
+
+#[derive(Debug, Deserialize, Fingerprint)]
+struct Answered {
+    /// The status the handler answers with.
+    status: u16,
+}
+
+fn answer_with(status: u16) -> Response {
+    let status = StatusCode::from_u16(status).unwrap();
+    (status, axum::Json(serde_json::json!({ "nonce": nonce() }))).into_response()
+}
+
+/// The default set: 401, 403, 408, 425 and 429 roll back; other 4xx are stored.
+#[idempotent(http, scope = "tenant", step = ANSWER_DEFAULT)]
+async fn answer_default<DB: TestBackend>(
+    tx: &mut DB::Connection,
+    Path(tenant): Path<String>,
+    key: IdempotencyKey,
+    #[fingerprint] Json(request): Json<Answered>,
+) -> Response {
+    let _ = (&mut *tx, tenant);
+    answer_with(request.status)
+}
+
+/// Stores a 401, never a 404 (which replica lag can cause).
+#[idempotent(http, scope = "tenant", step = ANSWER_CUSTOM, store = [401], never_store = [404])]
+async fn answer_custom<DB: TestBackend>(
+    tx: &mut DB::Connection,
+    Path(tenant): Path<String>,
+    key: IdempotencyKey,
+    #[fingerprint] Json(request): Json<Answered>,
+) -> Response {
+    let _ = (&mut *tx, tenant);
+    answer_with(request.status)
+}
+
+async fn which_statuses_are_stored_by_default_and_per_handler<DB: TestBackend>(
+    harness: impl AsyncFn(Policy) -> Harness<DB>,
+) {
+    let store = harness(Policy::default()).await;
+    let app = Router::new()
+        .route("/{tenant}/default", post(answer_default::<DB>))
+        .route("/{tenant}/custom", post(answer_custom::<DB>))
+        .with_state(store.engine.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let http = client::HttpClient::new();
+    // Sends the same request twice; whether the second was a replay.
+    let replayed = async |route: &str, status: u16| {
+        let key = format!("\"{route}-{status}\"");
+        let mut replies = Vec::new();
+        for _ in 0..2 {
+            let reply = http
+                .post_json(
+                    &format!("{base}/acme/{route}"),
+                    &[("idempotency-key", key.as_str())],
+                    &serde_json::json!({ "status": status }),
+                )
+                .await
+                .unwrap();
+            assert_eq!(reply.status, status, "{reply:?}");
+            replies.push(reply);
+        }
+        let replay = replies[1].replayed();
+        assert_eq!(
+            replay,
+            replies[0].body == replies[1].body,
+            "{route} {status}"
+        );
+        replay
+    };
+    for status in [200, 201, 400, 404, 409, 422] {
+        assert!(
+            replayed("default", status).await,
+            "{status} is stored by default"
+        );
+    }
+    for status in [401, 403, 408, 425, 429, 500, 503] {
+        assert!(
+            !replayed("default", status).await,
+            "{status} is not stored by default"
+        );
+    }
+    assert!(
+        replayed("custom", 401).await,
+        "`store = [401]` stores a 401"
+    );
+    assert!(
+        !replayed("custom", 404).await,
+        "`never_store = [404]` rolls a 404 back"
+    );
+    assert!(replayed("custom", 422).await);
+    assert!(!replayed("custom", 429).await);
 }

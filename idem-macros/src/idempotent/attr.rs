@@ -8,7 +8,7 @@ use syn::{bracketed, Ident, LitStr, Path, Token};
 use crate::errors::Errors;
 use crate::rules::{check_step_name, parse_millis};
 
-const EXPECTED: &str = "expected one of `scope`, `step`, `retain`, `lock_ttl`, `wait`, `timeout`, `fail_open`, `durable`, `http`, `headers`";
+const EXPECTED: &str = "expected one of `scope`, `step`, `retain`, `lock_ttl`, `wait`, `timeout`, `fail_open`, `durable`, `http`, `headers`, `store`, `never_store`";
 
 /// What the step argument names.
 pub(crate) enum StepArg {
@@ -39,6 +39,10 @@ pub(crate) struct Args {
     /// Response headers kept beyond the default set (`headers = ["set-cookie"]`),
     /// lower-cased.
     pub(crate) headers: Option<(Span, Vec<String>)>,
+    /// 4xx statuses stored although the default does not (`store = [401]`).
+    pub(crate) store: (Option<Span>, Vec<u16>),
+    /// Statuses never stored for this handler (`never_store = [404]`).
+    pub(crate) never_store: (Option<Span>, Vec<u16>),
 }
 
 impl Args {
@@ -84,6 +88,10 @@ pub(crate) fn parse(input: ParseStream<'_>, errors: &mut Errors) -> syn::Result<
             "fail_open" => args.fail_open = flag(input, &name)?,
             "durable" => args.durable = flag(input, &name)?,
             "http" => args.http = flag(input, &name)?,
+            "store" => args.store = (Some(name.span()), parse_statuses(input, errors, true)?),
+            "never_store" => {
+                args.never_store = (Some(name.span()), parse_statuses(input, errors, false)?)
+            }
             "headers" => {
                 input.parse::<Token![=]>()?;
                 args.headers = Some((name.span(), parse_headers(input, errors)?));
@@ -101,6 +109,14 @@ pub(crate) fn parse(input: ParseStream<'_>, errors: &mut Errors) -> syn::Result<
             break;
         }
         input.parse::<Token![,]>()?;
+    }
+    for span in [args.store.0, args.never_store.0].into_iter().flatten() {
+        if !args.http {
+            errors.push_at(
+                span,
+                "`store` and `never_store` choose the statuses `http` mode stores; add `http` (without it, the error type's `ErrorStatus::status` decides)",
+            );
+        }
     }
     if let (Some((span, _)), false) = (&args.headers, args.http) {
         errors.push_at(
@@ -177,6 +193,40 @@ fn parse_headers(input: ParseStream<'_>, errors: &mut Errors) -> syn::Result<Vec
         }
     }
     Ok(kept)
+}
+
+fn parse_statuses(
+    input: ParseStream<'_>,
+    errors: &mut Errors,
+    storing: bool,
+) -> syn::Result<Vec<u16>> {
+    let form = if storing {
+        "`store` takes 4xx statuses to store besides the default set, e.g. `store = [401]`"
+    } else {
+        "`never_store` takes statuses this handler never stores, e.g. `never_store = [404]`"
+    };
+    input.parse::<Token![=]>()?;
+    if !input.peek(syn::token::Bracket) {
+        return Err(input.error(form));
+    }
+    let content;
+    bracketed!(content in input);
+    let literals = content.parse_terminated(|p| p.parse::<syn::LitInt>(), Token![,])?;
+    let mut statuses = Vec::new();
+    for literal in literals {
+        match literal.base10_parse::<u16>() {
+            Ok(status) if storing && !(400..500).contains(&status) => errors.push_at(
+                literal.span(),
+                format!("`{status}` cannot be added to the stored statuses: only 4xx can (2xx and 3xx are stored, 5xx never)"),
+            ),
+            Ok(status) if !(100..600).contains(&status) => {
+                errors.push_at(literal.span(), format!("`{status}` is not an HTTP status"))
+            }
+            Ok(status) => statuses.push(status),
+            Err(_) => errors.push_at(literal.span(), format!("`{literal}` is not an HTTP status")),
+        }
+    }
+    Ok(statuses)
 }
 
 fn parse_step(input: ParseStream<'_>, errors: &mut Errors) -> syn::Result<StepArg> {

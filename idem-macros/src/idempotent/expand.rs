@@ -261,12 +261,14 @@ fn body(
         // own `return`s, inside an async block of its own.
         let kept = args.headers.iter().flat_map(|(_, names)| names);
         let kept = quote!(::idem::__private::http::KeptHeaders::also(&[#(#kept),*]));
+        let (also, never) = (&args.store.1, &args.never_store.1);
+        let statuses = quote!(::idem::StoredStatuses::new(&[#(#also),*], &[#(#never),*]));
         quote_spanned! {block.span()=>
             async move |#tx_pat: #tx_ty| {
                 let #value = ::idem::__private::axum::response::IntoResponse::into_response(
                     async move #user_body.await,
                 );
-                ::idem::__private::http::into_stored_keeping(#value, #kept).await
+                ::idem::__private::http::into_outcome(#value, #kept, #statuses).await
             }
         }
     } else {
