@@ -262,6 +262,7 @@ impl Held {
             status: 201,
             content_type: "application/json".into(),
             body: serde_json::to_vec(answer).unwrap(),
+            headers: Vec::new(),
         };
         match self {
             Held::Sqlite(g) => g.commit(stored).await,

@@ -434,6 +434,7 @@ async fn waiter_on_an_uncommitted_claim_times_out_then_replays<DB: TestBackend>(
         status: 200,
         content_type: "application/json".into(),
         body: b"10".to_vec(),
+        headers: Vec::new(),
     };
     winner.commit(stored).await.unwrap();
     let after = charge(&h, &op, 10).await.unwrap();
@@ -493,6 +494,7 @@ async fn attempt_that_lost_its_lock_rolls_back<DB: TestBackend>(
         status: 200,
         content_type: "application/json".into(),
         body: b"10".to_vec(),
+        headers: Vec::new(),
     };
     assert!(matches!(
         slow.commit(stored).await,

@@ -80,6 +80,17 @@ impl Service {
         reply.json()["count"].as_u64().unwrap() as usize
     }
 
+    /// Clears the stored headers of every record, as rows written before
+    /// the `response_headers` column existed have none.
+    async fn forget_response_headers(&self) {
+        const SQL: &str = "UPDATE idempotency_keys SET response_headers = NULL";
+        let cleared = match &self.store {
+            Store::Sqlite(engine) => sqlx::query(SQL).execute(engine.pool()).await.map(|_| ()),
+            Store::Postgres(engine) => sqlx::query(SQL).execute(engine.pool()).await.map(|_| ()),
+        };
+        cleared.expect("clear response_headers");
+    }
+
     async fn list(&self, tenant: &str) -> Reply {
         self.http
             .get(
@@ -168,6 +179,22 @@ async fn state_table(db: TestDb) {
     assert!(replay.replayed(), "{replay:?}");
     assert_eq!(replay.header("content-type"), first.header("content-type"));
     assert_eq!(replay.body, first.body);
+    // The response's headers are stored with it: the replay carries the same `Location`.
+    let location = format!("/payments/{}", payment["payment_id"].as_str().unwrap());
+    assert_eq!(
+        first.header("location"),
+        Some(location.as_str()),
+        "{first:?}"
+    );
+    assert_eq!(replay.header("location"), first.header("location"));
+
+    // A record written before headers were stored (NULL column) still replays.
+    svc.forget_response_headers().await;
+    let old_row = svc.pay("acme", "k-1", &body(2500)).await;
+    assert_eq!(old_row.status, 201);
+    assert!(old_row.replayed(), "{old_row:?}");
+    assert_eq!(old_row.body, first.body);
+    assert_eq!(old_row.header("location"), None);
 
     // completed, different fingerprint → 422, nothing runs.
     let reused = svc.pay("acme", "k-1", &body(9999)).await;

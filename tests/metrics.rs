@@ -71,6 +71,7 @@ async fn play<DB: TestBackend>(h: Harness<DB>, step: &'static str) {
         status: 200,
         content_type: "application/json".into(),
         body: b"1".to_vec(),
+        headers: Vec::new(),
     };
     second.commit(stored.clone()).await.unwrap();
     assert!(matches!(

@@ -151,3 +151,40 @@ async fn against_postgres() {
     let errors = registry::validate(&engine).await.unwrap_err();
     expect_everything(&errors.problems, true);
 }
+
+/// The problem a forgotten `engine.migrate()` leaves says so.
+fn expect_migrate_first(errors: &registry::RegistryErrors) {
+    let store = errors
+        .problems
+        .iter()
+        .find_map(|problem| match problem {
+            RegistryProblem::StoreUnavailable { error } => Some(error.as_str()),
+            _ => None,
+        })
+        .expect("a store problem");
+    assert!(store.contains("run `engine.migrate()` first"), "{store}");
+    assert!(
+        errors.to_string().contains("run `engine.migrate()` first"),
+        "{errors}"
+    );
+}
+
+#[tokio::test]
+async fn unmigrated_sqlite_says_migrate_first() {
+    let (_dir, path) = idem_runtime::test_support::sqlite_file();
+    let engine = idem::Engine::<idem::sqlx::Sqlite>::open_sqlite(path)
+        .await
+        .unwrap();
+    expect_migrate_first(&registry::validate(&engine).await.unwrap_err());
+}
+
+#[tokio::test]
+async fn unmigrated_postgres_says_migrate_first() {
+    let url = idem_runtime::test_support::postgres()
+        .fresh_database()
+        .await;
+    let engine = idem::Engine::<idem::sqlx::Postgres>::connect_postgres(&url)
+        .await
+        .unwrap();
+    expect_migrate_first(&registry::validate(&engine).await.unwrap_err());
+}

@@ -9,7 +9,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use axum::extract::{DefaultBodyLimit, FromRef, FromRequestParts, State};
 use axum::http::request::Parts;
-use axum::http::StatusCode;
+use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, MethodRouter};
 use axum::Router;
@@ -329,7 +329,16 @@ async fn charge<DB: Ledger>(
                 destination: request.destination.clone(),
             };
             match DB::insert(tx, tenant, &payment).await {
-                Ok(()) => (StatusCode::CREATED, axum::Json(payment)).into_response(),
+                Ok(()) => {
+                    // Stored with the response: the replay carries it too.
+                    let location = format!("/payments/{}", payment.payment_id);
+                    (
+                        StatusCode::CREATED,
+                        [(header::LOCATION, location)],
+                        axum::Json(payment),
+                    )
+                        .into_response()
+                }
                 Err(error) => {
                     tracing::warn!(%error, "payment insert failed; rolling back");
                     Problem::new(503, "Payment could not be recorded")

@@ -60,7 +60,12 @@ async fn create_order(
                                     }
                                         .await,
                                 );
-                                ::idem::__private::http::into_stored(__idem_value).await
+                                ::idem::__private::http::into_outcome(
+                                        __idem_value,
+                                        ::idem::__private::http::KeptHeaders::also(&[]),
+                                        ::idem::StoredStatuses::new(&[], &[]),
+                                    )
+                                    .await
                             },
                         )
                         .await,

@@ -191,5 +191,49 @@ pub use axum;
 /// The HTTP helpers `#[idempotent(http)]` calls.
 #[cfg(feature = "axum")]
 pub mod http {
-    pub use crate::http::{into_stored, operation_span, respond};
+    use axum::response::Response;
+
+    pub use crate::http::{operation_span, KeptHeaders};
+    use crate::outcome::{Outcome, ReplayError, StoredResponse, StoredStatuses};
+    use crate::{Answer, IdemError};
+
+    /// A handler's rendered response and whether its status is stored.
+    pub struct HttpOutcome {
+        response: StoredResponse,
+        store: bool,
+    }
+
+    impl Outcome for HttpOutcome {
+        fn to_stored(&self) -> Option<StoredResponse> {
+            self.store.then(|| self.response.clone())
+        }
+
+        fn from_stored(stored: StoredResponse) -> Result<Self, ReplayError> {
+            Ok(Self {
+                response: stored,
+                store: true,
+            })
+        }
+    }
+
+    /// The response in its stored form, with the handler's header and status choices.
+    pub async fn into_outcome(
+        response: Response,
+        kept: KeptHeaders,
+        statuses: StoredStatuses,
+    ) -> HttpOutcome {
+        let response = crate::http::into_stored_keeping(response, kept).await;
+        HttpOutcome {
+            store: statuses.stores(response.status),
+            response,
+        }
+    }
+
+    /// [`crate::http::respond`] for an [`HttpOutcome`].
+    pub fn respond(result: Result<Answer<HttpOutcome>, IdemError>) -> Response {
+        crate::http::respond(result.map(|answer| Answer {
+            value: answer.value.response,
+            via: answer.via,
+        }))
+    }
 }

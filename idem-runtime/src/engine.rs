@@ -136,7 +136,67 @@ pub struct Engine<DB: Backend> {
     /// Where the backend's write lock is database-wide (SQLite), claims from
     /// this engine (and its clones) queue here, first come first served,
     /// instead of polling the lock through the busy handler's sleeps.
-    write_gate: Option<Arc<Semaphore>>,
+    write_gate: Option<Arc<WriteGate>>,
+}
+
+/// An engine's in-process queue for a database-wide write lock (SQLite), and
+/// the key of the claim that holds it: a claim that times out in the queue
+/// is told "in progress" only when that claim is for its own key, and "store
+/// busy" otherwise.
+#[derive(Debug)]
+struct WriteGate {
+    permits: Arc<Semaphore>,
+    holder: Arc<std::sync::Mutex<Option<(String, String)>>>,
+}
+
+impl WriteGate {
+    fn new() -> Self {
+        Self {
+            permits: Arc::new(Semaphore::new(1)),
+            holder: Arc::default(),
+        }
+    }
+
+    /// Waits at most `wait` for the gate; `None` when it was closed.
+    async fn enter(&self, op: &Operation, wait: Duration) -> Result<Option<GatePermit>, IdemError> {
+        match tokio::time::timeout(wait, self.permits.clone().acquire_owned()).await {
+            Ok(Ok(permit)) => {
+                *lock(&self.holder) = Some(key_of(op));
+                Ok(Some(GatePermit {
+                    _permit: permit,
+                    holder: self.holder.clone(),
+                }))
+            }
+            Ok(Err(_closed)) => Ok(None),
+            Err(_elapsed) if lock(&self.holder).as_ref() == Some(&key_of(op)) => {
+                Err(in_progress_unknown())
+            }
+            Err(_elapsed) => Err(store_busy()),
+        }
+    }
+}
+
+/// A place in the [`WriteGate`]: leaving it clears the holder's key.
+#[derive(Debug)]
+struct GatePermit {
+    _permit: OwnedSemaphorePermit,
+    holder: Arc<std::sync::Mutex<Option<(String, String)>>>,
+}
+
+impl Drop for GatePermit {
+    fn drop(&mut self) {
+        *lock(&self.holder) = None;
+    }
+}
+
+fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+fn key_of(op: &Operation) -> (String, String) {
+    (op.scope.as_stored().to_owned(), op.key.as_str().to_owned())
 }
 
 impl<DB: Backend> Clone for Engine<DB> {
@@ -179,7 +239,7 @@ impl<DB: Backend> Engine<DB> {
             policy: Policy::default(),
             settings: DB::Settings::default(),
             counters: Arc::default(),
-            write_gate: DB::SERIALIZE_WRITERS.then(|| Arc::new(Semaphore::new(1))),
+            write_gate: DB::SERIALIZE_WRITERS.then(|| Arc::new(WriteGate::new())),
         }
     }
 
@@ -316,14 +376,7 @@ impl<DB: Backend> Engine<DB> {
                 // Queue without holding a connection: a storm of duplicates
                 // must not drain the pool while it waits.
                 drop(conn);
-                let permit =
-                    match tokio::time::timeout(policy.wait_timeout, gate.clone().acquire_owned())
-                        .await
-                    {
-                        Ok(Ok(permit)) => Some(permit),
-                        Ok(Err(_closed)) => None,
-                        Err(_elapsed) => return Err(in_progress_unknown()),
-                    };
+                let permit = gate.enter(op, policy.wait_timeout).await?;
                 conn = match self.pool.acquire().await {
                     Ok(conn) => conn,
                     Err(error) => return self.store_down(op, &policy, error).await,
@@ -338,7 +391,16 @@ impl<DB: Backend> Engine<DB> {
             holds_row,
         } = match DB::lock_and_read(conn, op, &policy, self.settings).await {
             Ok(locked) => locked,
-            Err(error) if DB::is_lock_busy(&error) => return Err(in_progress_unknown()),
+            // Postgres locks the key: busy means a duplicate holds it. SQLite's
+            // lock is the whole database's: another writer (another process)
+            // holds it, whatever its key.
+            Err(error) if DB::is_lock_busy(&error) => {
+                return Err(if DB::SERIALIZE_WRITERS {
+                    store_busy()
+                } else {
+                    in_progress_unknown()
+                })
+            }
             Err(error) => return self.store_down(op, &policy, error).await,
         };
         // A key with no row at all gets a plain insert of its completed record.
@@ -439,7 +501,7 @@ pub struct ClaimGuard<DB: Backend> {
     token: Option<i64>,
     pool: Pool<DB>,
     /// This engine's write gate, held until commit or rollback.
-    permit: Option<OwnedSemaphorePermit>,
+    permit: Option<GatePermit>,
     /// When the claim was granted: the work's duration is measured from here.
     claimed_at: Instant,
 }
@@ -564,6 +626,13 @@ fn decide(record: Option<Record>, op: &Operation) -> Decision {
 /// A duplicate waited its bound for an uncommitted claim whose lock time is unknown.
 fn in_progress_unknown() -> IdemError {
     IdemError::InProgress {
+        retry_after: Duration::from_secs(1),
+    }
+}
+
+/// A claim waited its bound for a database-wide write lock held for another key.
+fn store_busy() -> IdemError {
+    IdemError::StoreBusy {
         retry_after: Duration::from_secs(1),
     }
 }

@@ -7,7 +7,8 @@ use crate::outcome::ReplayError;
 /// Why an operation did not run (or could not be answered).
 ///
 /// Each variant maps to one row of the protocol: `Mismatch` is a 422,
-/// `InProgress` a 409 with `Retry-After`, `Unavailable` a 503 with `Retry-After`.
+/// `InProgress` a 409 with `Retry-After`, `Unavailable` and `StoreBusy` a 503
+/// with `Retry-After`.
 #[derive(Debug, thiserror::Error)]
 pub enum IdemError {
     /// The key was used before with a different request; nothing ran.
@@ -17,6 +18,14 @@ pub enum IdemError {
     #[error("a request with this idempotency key is still in progress; retry in {}s", retry_after.as_secs())]
     InProgress {
         /// How long until the running attempt's lock expires (at least one second).
+        retry_after: Duration,
+    },
+    /// The store's write lock is held for other keys' writes (SQLite has one
+    /// writer at a time) and did not come free within the wait bound; nothing
+    /// ran. Says nothing about this request's key.
+    #[error("the idempotency store is busy with other writes; retry in {}s", retry_after.as_secs())]
+    StoreBusy {
+        /// When to retry.
         retry_after: Duration,
     },
     /// The store could not be reached and the policy fails closed; nothing ran.
@@ -55,7 +64,7 @@ impl IdemError {
         match self {
             IdemError::Mismatch => 422,
             IdemError::InProgress { .. } | IdemError::LockLost => 409,
-            IdemError::Unavailable { .. } => 503,
+            IdemError::Unavailable { .. } | IdemError::StoreBusy { .. } => 503,
             IdemError::TimedOut { .. } => 504,
             IdemError::Replay(_) => 500,
         }
@@ -64,9 +73,9 @@ impl IdemError {
     /// Seconds for a `Retry-After` header, where the error has one.
     pub fn retry_after(&self) -> Option<Duration> {
         match self {
-            IdemError::InProgress { retry_after } | IdemError::Unavailable { retry_after, .. } => {
-                Some(*retry_after)
-            }
+            IdemError::InProgress { retry_after }
+            | IdemError::StoreBusy { retry_after }
+            | IdemError::Unavailable { retry_after, .. } => Some(*retry_after),
             _ => None,
         }
     }

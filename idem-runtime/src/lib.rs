@@ -55,7 +55,7 @@ pub use error::IdemError;
 pub use fingerprint::{fingerprint, Fingerprint, FingerprintHasher, Label, RequestHash};
 pub use key::{IdempotencyKey, KeyError};
 pub use operation::Operation;
-pub use outcome::{ErrorStatus, Outcome, ReplayError, StoredResponse};
+pub use outcome::{ErrorStatus, Outcome, ReplayError, StoredResponse, StoredStatuses};
 pub use policy::{ClaimMode, FailureMode, Policy};
 pub use problem::Problem;
 pub use retention::Purger;

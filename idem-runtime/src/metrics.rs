@@ -119,7 +119,9 @@ impl ClaimOutcome {
         match error {
             IdemError::Mismatch => ClaimOutcome::Mismatch,
             IdemError::InProgress { .. } => ClaimOutcome::InProgress,
-            IdemError::Unavailable { .. } => ClaimOutcome::Unavailable,
+            IdemError::Unavailable { .. } | IdemError::StoreBusy { .. } => {
+                ClaimOutcome::Unavailable
+            }
             IdemError::LockLost => ClaimOutcome::Fenced,
             IdemError::TimedOut { .. } | IdemError::Replay(_) => ClaimOutcome::Error,
         }

@@ -1,7 +1,7 @@
 //! What an operation returns, and which of it is stored for replay.
 //!
-//! Successes and deterministic client errors are stored and replayed; server
-//! errors, panics, timeouts and cancelled futures leave nothing behind.
+//! Successes and deterministic client errors are stored and replayed (see
+//! [`StoredStatuses`]); 401, 403, 408, 425 and 429, server errors, panics, timeouts and cancelled futures leave nothing behind.
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -15,19 +15,88 @@ pub struct StoredResponse {
     pub content_type: String,
     /// The body bytes.
     pub body: Vec<u8>,
+    /// Response headers replayed with the body, as `(lower-case name, value)`
+    /// pairs in the order they were sent; never `Content-Type` (kept in
+    /// [`StoredResponse::content_type`]), `Content-Length` or hop-by-hop
+    /// headers. Empty for outcomes that are not HTTP responses.
+    pub headers: Vec<(String, String)>,
 }
 
 impl StoredResponse {
-    /// Whether a response with this status is stored: anything below 500.
+    /// Whether a response with this status is stored by default: below 500,
+    /// except the 4xx in [`StoredStatuses::NOT_STORED_BY_DEFAULT`], which say
+    /// nothing lasting about the request.
     ///
     /// ```
     /// use idem_runtime::StoredResponse;
     /// assert!(StoredResponse::is_storable_status(201));
     /// assert!(StoredResponse::is_storable_status(422));
+    /// assert!(!StoredResponse::is_storable_status(429));
     /// assert!(!StoredResponse::is_storable_status(503));
     /// ```
     pub fn is_storable_status(status: u16) -> bool {
+        StoredStatuses::DEFAULT.stores(status)
+    }
+}
+
+/// Which statuses are stored and replayed; the others roll back like a 5xx,
+/// so the retry runs again.
+///
+/// | status | stored by default | why |
+/// |---|---|---|
+/// | 1xx-3xx | yes | the operation's answer |
+/// | 400, 404, 409, 422 and the other 4xx | yes | the same request gets the same answer |
+/// | 401, 403 | no | credentials or permissions, which the client may fix |
+/// | 408 | no | the request was not received in time |
+/// | 425 | no | too early: the server asks for a retry |
+/// | 429 | no | rate limited: the retry should run |
+/// | 5xx | never | transient; cannot be made stored |
+///
+/// `#[idempotent(http, store = [401], never_store = [404])]` changes the set
+/// for one handler (a 404 that replica lag can cause, say).
+///
+/// ```
+/// use idem_runtime::StoredStatuses;
+/// assert!(StoredStatuses::DEFAULT.stores(404));
+/// assert!(!StoredStatuses::DEFAULT.stores(401));
+/// let custom = StoredStatuses::new(&[401], &[404]);
+/// assert!(custom.stores(401));
+/// assert!(!custom.stores(404));
+/// assert!(!StoredStatuses::new(&[503], &[]).stores(503));
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StoredStatuses {
+    also: &'static [u16],
+    never: &'static [u16],
+}
+
+impl StoredStatuses {
+    /// The 4xx that are not stored unless named with [`StoredStatuses::new`].
+    pub const NOT_STORED_BY_DEFAULT: &'static [u16] = &[401, 403, 408, 425, 429];
+
+    /// The default set (see the table above).
+    pub const DEFAULT: Self = Self {
+        also: &[],
+        never: &[],
+    };
+
+    /// The default set, plus the 4xx in `also` and minus the statuses in
+    /// `never`. Statuses of 500 and above are never stored.
+    pub const fn new(also: &'static [u16], never: &'static [u16]) -> Self {
+        Self { also, never }
+    }
+
+    /// Whether a response with `status` is stored.
+    pub fn stores(&self, status: u16) -> bool {
         status < 500
+            && !self.never.contains(&status)
+            && (self.also.contains(&status) || !Self::NOT_STORED_BY_DEFAULT.contains(&status))
+    }
+}
+
+impl Default for StoredStatuses {
+    fn default() -> Self {
+        Self::DEFAULT
     }
 }
 
@@ -113,6 +182,7 @@ where
                 status,
                 content_type: JSON.to_owned(),
                 body,
+                headers: Vec::new(),
             }),
             Err(error) => {
                 tracing::error!(%error, "outcome could not be serialized; rolling back");

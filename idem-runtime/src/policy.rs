@@ -103,4 +103,16 @@ impl Policy {
         self.claim_mode = claim_mode;
         self
     }
+    /// Sets [`Policy::unavailable_retry_after`], the `Retry-After` of a 503
+    /// answered while the store is down (rounded up to whole seconds).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let policy = idem_runtime::Policy::default().with_unavailable_retry_after(Duration::from_secs(5));
+    /// assert_eq!(policy.unavailable_retry_after, Duration::from_secs(5));
+    /// ```
+    pub fn with_unavailable_retry_after(mut self, retry_after: Duration) -> Self {
+        self.unavailable_retry_after = retry_after;
+        self
+    }
 }

@@ -27,8 +27,9 @@ pub struct Problem {
     pub title: String,
     /// The status.
     pub status: u16,
-    /// What happened this time, and what the client can do about it.
-    #[serde(default)]
+    /// What happened this time, and what the client can do about it; left
+    /// out of the JSON when empty.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub detail: String,
 }
 
@@ -81,5 +82,25 @@ impl From<sqlx::Error> for Problem {
     /// A database error during the work is transient: 503, rolled back.
     fn from(error: sqlx::Error) -> Self {
         Problem::new(503, "database unavailable").with_detail(error.to_string())
+    }
+}
+
+#[cfg(test)]
+mod detail_tests {
+    use super::Problem;
+
+    #[test]
+    fn an_empty_detail_is_left_out_and_reads_back_empty() {
+        let json = serde_json::to_value(Problem::new(404, "Not found")).unwrap();
+        assert_eq!(
+            json,
+            serde_json::json!({"type": "about:blank", "title": "Not found", "status": 404})
+        );
+        let back: Problem = serde_json::from_value(json).unwrap();
+        assert_eq!(back.detail, "");
+        let with =
+            serde_json::to_value(Problem::new(404, "Not found").with_detail("No such order."))
+                .unwrap();
+        assert_eq!(with["detail"], "No such order.");
     }
 }

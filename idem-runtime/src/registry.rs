@@ -211,7 +211,13 @@ pub fn check() -> Result<(), RegistryErrors> {
 /// ```
 pub async fn validate<DB: Backend>(engine: &Engine<DB>) -> Result<(), RegistryErrors> {
     print_declarations_if_asked();
-    let live = engine.live_steps().await.map_err(|error| error.to_string());
+    let live = engine.live_steps().await.map_err(|error| {
+        if is_missing_table(&error) {
+            format!("idem's tables are missing: run `engine.migrate()` first ({error})")
+        } else {
+            error.to_string()
+        }
+    });
     into_result(problems(&declared(), &used(), Some(live)))
 }
 
@@ -310,6 +316,17 @@ pub fn problems(
     }
     problems.sort();
     problems
+}
+
+/// Whether `error` says a table does not exist: the database was never
+/// migrated (SQLite's "no such table", Postgres's `42P01`).
+fn is_missing_table(error: &sqlx::Error) -> bool {
+    match error {
+        sqlx::Error::Database(db) => {
+            db.code().as_deref() == Some("42P01") || db.message().contains("no such table")
+        }
+        _ => false,
+    }
 }
 
 #[cfg(test)]

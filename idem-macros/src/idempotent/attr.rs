@@ -8,7 +8,7 @@ use syn::{bracketed, Ident, LitStr, Path, Token};
 use crate::errors::Errors;
 use crate::rules::{check_step_name, parse_millis};
 
-const EXPECTED: &str = "expected one of `scope`, `step`, `retain`, `lock_ttl`, `wait`, `timeout`, `fail_open`, `durable`, `http`";
+const EXPECTED: &str = "expected one of `scope`, `step`, `retain`, `lock_ttl`, `wait`, `timeout`, `fail_open`, `durable`, `http`, `headers`, `store`, `never_store`";
 
 /// What the step argument names.
 pub(crate) enum StepArg {
@@ -36,6 +36,13 @@ pub(crate) struct Args {
     pub(crate) fail_open: bool,
     pub(crate) durable: bool,
     pub(crate) http: bool,
+    /// Response headers kept beyond the default set (`headers = ["set-cookie"]`),
+    /// lower-cased.
+    pub(crate) headers: Option<(Span, Vec<String>)>,
+    /// 4xx statuses stored although the default does not (`store = [401]`).
+    pub(crate) store: (Option<Span>, Vec<u16>),
+    /// Statuses never stored for this handler (`never_store = [404]`).
+    pub(crate) never_store: (Option<Span>, Vec<u16>),
 }
 
 impl Args {
@@ -81,6 +88,14 @@ pub(crate) fn parse(input: ParseStream<'_>, errors: &mut Errors) -> syn::Result<
             "fail_open" => args.fail_open = flag(input, &name)?,
             "durable" => args.durable = flag(input, &name)?,
             "http" => args.http = flag(input, &name)?,
+            "store" => args.store = (Some(name.span()), parse_statuses(input, errors, true)?),
+            "never_store" => {
+                args.never_store = (Some(name.span()), parse_statuses(input, errors, false)?)
+            }
+            "headers" => {
+                input.parse::<Token![=]>()?;
+                args.headers = Some((name.span(), parse_headers(input, errors)?));
+            }
             _ => {
                 errors.push_at(name.span(), format!("unknown argument `{key}`; {EXPECTED}"));
                 // Skip its value, if any, so the remaining arguments are still checked.
@@ -94,6 +109,20 @@ pub(crate) fn parse(input: ParseStream<'_>, errors: &mut Errors) -> syn::Result<
             break;
         }
         input.parse::<Token![,]>()?;
+    }
+    for span in [args.store.0, args.never_store.0].into_iter().flatten() {
+        if !args.http {
+            errors.push_at(
+                span,
+                "`store` and `never_store` choose the statuses `http` mode stores; add `http` (without it, the error type's `ErrorStatus::status` decides)",
+            );
+        }
+    }
+    if let (Some((span, _)), false) = (&args.headers, args.http) {
+        errors.push_at(
+            *span,
+            "`headers` chooses the response headers `http` mode stores; add `http`, or remove `headers`",
+        );
     }
     Ok(args)
 }
@@ -115,6 +144,89 @@ fn parse_scope(input: ParseStream<'_>) -> syn::Result<Vec<LitStr>> {
     } else {
         Err(input.error("`scope` takes a parameter name as a string, e.g. `scope = \"tenant_id\"`, or several: `scope = [\"tenant_id\", \"caller\"]`"))
     }
+}
+
+/// Headers no response keeps, named or not: they describe one connection, or
+/// are recomputed (as `KeptHeaders::never_kept` in the runtime).
+const NEVER_KEPT: &[&str] = &[
+    "connection",
+    "keep-alive",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "proxy-connection",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+    "content-length",
+    "content-type",
+    "idempotent-replayed",
+];
+
+fn parse_headers(input: ParseStream<'_>, errors: &mut Errors) -> syn::Result<Vec<String>> {
+    const FORM: &str = "`headers` takes header names to keep besides the default set, e.g. `headers = [\"set-cookie\"]`";
+    if !input.peek(syn::token::Bracket) {
+        return Err(input.error(FORM));
+    }
+    let content;
+    bracketed!(content in input);
+    let names = content.parse_terminated(|p| p.parse::<LitStr>(), Token![,])?;
+    let mut kept = Vec::new();
+    for literal in names {
+        let name = literal.value().to_ascii_lowercase();
+        let token = !name.is_empty()
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b));
+        if !token {
+            errors.push_at(
+                literal.span(),
+                format!("`{}` is not a header name", literal.value()),
+            );
+        } else if NEVER_KEPT.contains(&name.as_str()) {
+            errors.push_at(
+                literal.span(),
+                format!("`{name}` is never stored: it describes one connection or is recomputed for each answer"),
+            );
+        } else {
+            kept.push(name);
+        }
+    }
+    Ok(kept)
+}
+
+fn parse_statuses(
+    input: ParseStream<'_>,
+    errors: &mut Errors,
+    storing: bool,
+) -> syn::Result<Vec<u16>> {
+    let form = if storing {
+        "`store` takes 4xx statuses to store besides the default set, e.g. `store = [401]`"
+    } else {
+        "`never_store` takes statuses this handler never stores, e.g. `never_store = [404]`"
+    };
+    input.parse::<Token![=]>()?;
+    if !input.peek(syn::token::Bracket) {
+        return Err(input.error(form));
+    }
+    let content;
+    bracketed!(content in input);
+    let literals = content.parse_terminated(|p| p.parse::<syn::LitInt>(), Token![,])?;
+    let mut statuses = Vec::new();
+    for literal in literals {
+        match literal.base10_parse::<u16>() {
+            Ok(status) if storing && !(400..500).contains(&status) => errors.push_at(
+                literal.span(),
+                format!("`{status}` cannot be added to the stored statuses: only 4xx can (2xx and 3xx are stored, 5xx never)"),
+            ),
+            Ok(status) if !(100..600).contains(&status) => {
+                errors.push_at(literal.span(), format!("`{status}` is not an HTTP status"))
+            }
+            Ok(status) => statuses.push(status),
+            Err(_) => errors.push_at(literal.span(), format!("`{literal}` is not an HTTP status")),
+        }
+    }
+    Ok(statuses)
 }
 
 fn parse_step(input: ParseStream<'_>, errors: &mut Errors) -> syn::Result<StepArg> {

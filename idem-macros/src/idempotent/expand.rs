@@ -259,12 +259,16 @@ fn body(
     let work = if args.http {
         // The rendered response is what is stored; the user's block keeps its
         // own `return`s, inside an async block of its own.
+        let kept = args.headers.iter().flat_map(|(_, names)| names);
+        let kept = quote!(::idem::__private::http::KeptHeaders::also(&[#(#kept),*]));
+        let (also, never) = (&args.store.1, &args.never_store.1);
+        let statuses = quote!(::idem::StoredStatuses::new(&[#(#also),*], &[#(#never),*]));
         quote_spanned! {block.span()=>
             async move |#tx_pat: #tx_ty| {
                 let #value = ::idem::__private::axum::response::IntoResponse::into_response(
                     async move #user_body.await,
                 );
-                ::idem::__private::http::into_stored(#value).await
+                ::idem::__private::http::into_outcome(#value, #kept, #statuses).await
             }
         }
     } else {

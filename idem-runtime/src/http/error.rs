@@ -34,6 +34,16 @@ impl From<&IdemError> for Problem {
                     retry_after.as_secs().max(1)
                 ),
             ),
+            IdemError::StoreBusy { retry_after } => (
+                types::STORE_BUSY,
+                "Idempotency store busy",
+                format!(
+                    "The store is busy with other requests' writes and did not free up in time, so nothing \
+                     was executed. This says nothing about your key. Retry the same request with the same \
+                     key after {} second(s).",
+                    retry_after.as_secs().max(1)
+                ),
+            ),
             IdemError::Unavailable { retry_after, .. } => (
                 types::STORE_UNAVAILABLE,
                 "Idempotency store unavailable",
@@ -74,7 +84,7 @@ impl From<&IdemError> for Problem {
 }
 
 /// 422 (key reused), 409 + `Retry-After` (in progress), 503 + `Retry-After`
-/// (store down, fail closed), 504 (timed out), 500 (replay failed); each an
+/// (store down, fail closed; or store busy with other keys' writes), 504 (timed out), 500 (replay failed); each an
 /// `application/problem+json` body. Records the outcome on the current span.
 ///
 /// ```

@@ -12,9 +12,12 @@
 //! - [`Json`] parses the body before anything is claimed: malformed JSON is a
 //!   400, a body over the [`DefaultBodyLimit`](axum::extract::DefaultBodyLimit)
 //!   a 413, both as problem details, with nothing stored.
-//! - [`into_stored`] turns a handler's response into the stored form, and
-//!   [`respond`] renders the stored form, first answer and replays alike, so a
-//!   replay is byte-identical to the first answer plus `Idempotent-Replayed: true`.
+//! - [`into_stored`] turns a handler's response into the stored form (status,
+//!   content type, body and the headers [`KeptHeaders`] keeps: `Location`,
+//!   `ETag`, `X-…` and the like, never hop-by-hop ones or `Set-Cookie` unless
+//!   named), and [`respond`] renders the stored form, first answer and replays
+//!   alike, so a replay is byte-identical to the first answer plus
+//!   `Idempotent-Replayed: true`.
 //! - [`IdemError`](crate::IdemError) renders as 422 / 409 + `Retry-After` /
 //!   503 + `Retry-After` / 504 / 500, each an `application/problem+json` body
 //!   (RFC 9457) whose `detail` tells the client what to do.
@@ -64,5 +67,5 @@ mod trace;
 pub use json::{Json, JsonRejection};
 pub use key::{parse_header_value, KeyRejection, IDEMPOTENCY_KEY};
 
-pub use response::{into_stored, respond, IDEMPOTENT_REPLAYED};
+pub use response::{into_stored, into_stored_keeping, respond, KeptHeaders, IDEMPOTENT_REPLAYED};
 pub use trace::{operation_span, record_outcome};

@@ -22,6 +22,8 @@ pub mod types {
     pub const IN_PROGRESS: &str = "https://idem-rs.github.io/idem/problems#request-in-progress";
     /// The idempotency store is down and the service fails closed (503).
     pub const STORE_UNAVAILABLE: &str = "https://idem-rs.github.io/idem/problems#store-unavailable";
+    /// The store's single writer is busy with other keys' writes (503, SQLite).
+    pub const STORE_BUSY: &str = "https://idem-rs.github.io/idem/problems#store-busy";
     /// The operation did not finish in time and was rolled back (504).
     pub const TIMED_OUT: &str = "https://idem-rs.github.io/idem/problems#operation-timed-out";
     /// A stored response could not be replayed (500).

@@ -209,10 +209,53 @@ pub(crate) fn response_from_columns(
     status: Option<i64>,
     content_type: Option<String>,
     body: Option<Vec<u8>>,
+    headers: Option<String>,
 ) -> Option<StoredResponse> {
     Some(StoredResponse {
         status: u16::try_from(status?).ok()?,
         content_type: content_type.unwrap_or_default(),
         body: body.unwrap_or_default(),
+        headers: decode_headers(headers.as_deref()),
     })
+}
+
+/// The `response_headers` column: a JSON array of `[name, value]` pairs, or
+/// NULL when the response kept no headers (and in rows written before the
+/// column existed).
+pub(crate) fn encode_headers(headers: &[(String, String)]) -> Option<String> {
+    if headers.is_empty() {
+        return None;
+    }
+    serde_json::to_string(headers).ok()
+}
+
+/// Reads the `response_headers` column back; a value that is not such an
+/// array replays no headers (and is logged), never fails the replay.
+pub(crate) fn decode_headers(column: Option<&str>) -> Vec<(String, String)> {
+    let Some(text) = column else {
+        return Vec::new();
+    };
+    serde_json::from_str(text).unwrap_or_else(|error| {
+        tracing::warn!(%error, "stored response headers could not be read; replaying without them");
+        Vec::new()
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn headers_round_trip_and_old_rows_have_none() {
+        let headers = vec![
+            ("location".to_owned(), "/payments/p_1".to_owned()),
+            ("link".to_owned(), "</a>; rel=\"next\"".to_owned()),
+            ("link".to_owned(), "</b>; rel=\"prev\"".to_owned()),
+        ];
+        let column = encode_headers(&headers);
+        assert_eq!(decode_headers(column.as_deref()), headers);
+        assert_eq!(encode_headers(&[]), None);
+        assert!(decode_headers(None).is_empty());
+        assert!(decode_headers(Some("not json")).is_empty());
+    }
 }

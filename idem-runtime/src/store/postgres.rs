@@ -34,7 +34,9 @@ use sqlx::pool::PoolConnection;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgRow};
 use sqlx::{PgConnection, PgPool, Pool, Postgres, Row, Transaction};
 
-use super::{keyed, millis, response_from_columns, Locked, Record, RecordStatus, Store};
+use super::{
+    encode_headers, keyed, millis, response_from_columns, Locked, Record, RecordStatus, Store,
+};
 use crate::operation::Operation;
 use crate::outcome::StoredResponse;
 use crate::policy::Policy;
@@ -80,7 +82,8 @@ macro_rules! select_record {
     () => {
         "SELECT status, fingerprint, response_status::int8, response_content_type, response_body, \
            expires_at <= statement_timestamp() AS expired, \
-           (EXTRACT(EPOCH FROM (locked_until - statement_timestamp())) * 1000)::int8 AS lock_left_ms \
+           (EXTRACT(EPOCH FROM (locked_until - statement_timestamp())) * 1000)::int8 AS lock_left_ms, \
+           response_headers \
          FROM idempotency_keys WHERE scope = $1 AND key = $2"
     };
 }
@@ -96,7 +99,12 @@ fn record(row: &PgRow) -> Result<Record, sqlx::Error> {
     Ok(Record {
         status: RecordStatus::parse(&status),
         fingerprint: row.try_get(1)?,
-        response: response_from_columns(row.try_get(2)?, row.try_get(3)?, row.try_get(4)?),
+        response: response_from_columns(
+            row.try_get(2)?,
+            row.try_get(3)?,
+            row.try_get(4)?,
+            row.try_get(7)?,
+        ),
         expired: row.try_get(5)?,
         lock_left: (lock_left_ms > 0).then(|| Duration::from_millis(lock_left_ms as u64)),
     })
@@ -122,8 +130,8 @@ macro_rules! insert_completed {
     () => {
         "INSERT INTO idempotency_keys \
          (scope, key, step, fingerprint, status, response_status, response_content_type, response_body, \
-          claim_token, created_at, locked_until, expires_at) \
-         VALUES ($1, $2, $3, $4, 'completed', $5, $6, $7, NULL, now(), now(), now() + $8 * interval '1 millisecond')"
+          response_headers, claim_token, created_at, locked_until, expires_at) \
+         VALUES ($1, $2, $3, $4, 'completed', $5, $6, $7, $9, NULL, now(), now(), now() + $8 * interval '1 millisecond')"
     };
 }
 
@@ -137,7 +145,7 @@ const UPSERT_COMPLETED: &str = concat!(
      ON CONFLICT (scope, key) DO UPDATE SET step = EXCLUDED.step, fingerprint = EXCLUDED.fingerprint, \
        status = 'completed', response_status = EXCLUDED.response_status, \
        response_content_type = EXCLUDED.response_content_type, response_body = EXCLUDED.response_body, \
-       claim_token = NULL, created_at = EXCLUDED.created_at, locked_until = EXCLUDED.locked_until, \
+       response_headers = EXCLUDED.response_headers, claim_token = NULL, created_at = EXCLUDED.created_at, locked_until = EXCLUDED.locked_until, \
        expires_at = EXCLUDED.expires_at"
 );
 
@@ -147,12 +155,12 @@ const UPSERT_IN_PROGRESS: &str = "INSERT INTO idempotency_keys AS k \
              statement_timestamp() + $6 * interval '1 millisecond', now() + $7 * interval '1 millisecond') \
      ON CONFLICT (scope, key) DO UPDATE SET step = EXCLUDED.step, fingerprint = EXCLUDED.fingerprint, \
        status = 'in_progress', response_status = NULL, response_content_type = NULL, response_body = NULL, \
-       claim_token = EXCLUDED.claim_token, created_at = EXCLUDED.created_at, \
+       response_headers = NULL, claim_token = EXCLUDED.claim_token, created_at = EXCLUDED.created_at, \
        locked_until = EXCLUDED.locked_until, expires_at = EXCLUDED.expires_at";
 
 const COMPLETE_CLAIM: &str =
     "UPDATE idempotency_keys SET status = 'completed', response_status = $4, \
-       response_content_type = $5, response_body = $6, claim_token = NULL, locked_until = now(), \
+       response_content_type = $5, response_body = $6, response_headers = $8, claim_token = NULL, locked_until = now(), \
        expires_at = now() + $7 * interval '1 millisecond' \
      WHERE scope = $1 AND key = $2 AND claim_token = $3 AND status = 'in_progress'";
 
@@ -226,6 +234,7 @@ impl Store for Postgres {
         .bind(&response.content_type)
         .bind(&response.body)
         .bind(millis(policy.retention) as f64)
+        .bind(encode_headers(&response.headers))
         .execute(conn)
         .await?;
         Ok(())
@@ -261,6 +270,7 @@ impl Store for Postgres {
             .bind(&response.content_type)
             .bind(&response.body)
             .bind(millis(policy.retention) as f64)
+            .bind(encode_headers(&response.headers))
             .execute(conn)
             .await?;
         Ok(done.rows_affected() == 1)

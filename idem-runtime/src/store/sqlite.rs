@@ -21,7 +21,9 @@ use sqlx::sqlite::{
 };
 use sqlx::{Pool, Row, Sqlite, SqliteConnection, SqlitePool, Transaction};
 
-use super::{keyed, millis, response_from_columns, Locked, Record, RecordStatus, Store};
+use super::{
+    encode_headers, keyed, millis, response_from_columns, Locked, Record, RecordStatus, Store,
+};
 use crate::operation::Operation;
 use crate::outcome::StoredResponse;
 use crate::policy::Policy;
@@ -90,7 +92,7 @@ fn now_ms() -> i64 {
 
 const SELECT_RECORD: &str =
     "SELECT status, fingerprint, response_status, response_content_type, response_body, \
-     expires_at, locked_until FROM idempotency_keys WHERE scope = ?1 AND key = ?2";
+     expires_at, locked_until, response_headers FROM idempotency_keys WHERE scope = ?1 AND key = ?2";
 
 fn record(row: &SqliteRow) -> Result<Record, sqlx::Error> {
     let now = now_ms();
@@ -100,7 +102,12 @@ fn record(row: &SqliteRow) -> Result<Record, sqlx::Error> {
     Ok(Record {
         status: RecordStatus::parse(&status),
         fingerprint: row.try_get(1)?,
-        response: response_from_columns(row.try_get(2)?, row.try_get(3)?, row.try_get(4)?),
+        response: response_from_columns(
+            row.try_get(2)?,
+            row.try_get(3)?,
+            row.try_get(4)?,
+            row.try_get(7)?,
+        ),
         expired: expires_at <= now,
         lock_left: (locked_until > now).then(|| Duration::from_millis((locked_until - now) as u64)),
     })
@@ -111,8 +118,8 @@ macro_rules! insert_completed {
     () => {
         "INSERT INTO idempotency_keys \
          (scope, key, step, fingerprint, status, response_status, response_content_type, response_body, \
-          claim_token, created_at, locked_until, expires_at) \
-         VALUES (?1, ?2, ?3, ?4, 'completed', ?5, ?6, ?7, NULL, ?8, ?8, ?9)"
+          response_headers, claim_token, created_at, locked_until, expires_at) \
+         VALUES (?1, ?2, ?3, ?4, 'completed', ?5, ?6, ?7, ?10, NULL, ?8, ?8, ?9)"
     };
 }
 
@@ -126,6 +133,7 @@ const UPSERT_COMPLETED: &str = concat!(
      ON CONFLICT (scope, key) DO UPDATE SET step = excluded.step, fingerprint = excluded.fingerprint, \
        status = 'completed', response_status = excluded.response_status, \
        response_content_type = excluded.response_content_type, response_body = excluded.response_body, \
+       response_headers = excluded.response_headers, \
        claim_token = NULL, created_at = excluded.created_at, locked_until = excluded.locked_until, \
        expires_at = excluded.expires_at"
 );
@@ -135,11 +143,12 @@ const UPSERT_IN_PROGRESS: &str = "INSERT INTO idempotency_keys \
      VALUES (?1, ?2, ?3, ?4, 'in_progress', ?5, ?6, ?7, ?8) \
      ON CONFLICT (scope, key) DO UPDATE SET step = excluded.step, fingerprint = excluded.fingerprint, \
        status = 'in_progress', response_status = NULL, response_content_type = NULL, response_body = NULL, \
-       claim_token = excluded.claim_token, created_at = excluded.created_at, \
+       response_headers = NULL, claim_token = excluded.claim_token, created_at = excluded.created_at, \
        locked_until = excluded.locked_until, expires_at = excluded.expires_at";
 
 const COMPLETE_CLAIM: &str = "UPDATE idempotency_keys SET status = 'completed', response_status = ?4, \
-       response_content_type = ?5, response_body = ?6, claim_token = NULL, locked_until = ?7, expires_at = ?8 \
+       response_content_type = ?5, response_body = ?6, response_headers = ?9, claim_token = NULL, locked_until = ?7, \
+       expires_at = ?8 \
      WHERE scope = ?1 AND key = ?2 AND claim_token = ?3 AND status = 'in_progress'";
 
 impl Store for Sqlite {
@@ -213,6 +222,7 @@ impl Store for Sqlite {
         .bind(&response.body)
         .bind(now)
         .bind(now.saturating_add(millis(policy.retention)))
+        .bind(encode_headers(&response.headers))
         .execute(conn)
         .await?;
         Ok(())
@@ -252,6 +262,7 @@ impl Store for Sqlite {
             .bind(&response.body)
             .bind(now)
             .bind(now.saturating_add(millis(policy.retention)))
+            .bind(encode_headers(&response.headers))
             .execute(conn)
             .await?;
         Ok(done.rows_affected() == 1)
@@ -358,8 +369,8 @@ mod tests {
         );
         let started = Instant::now();
         match engine.claim(&op).await {
-            Err(IdemError::InProgress { .. }) => {}
-            Err(other) => panic!("expected in-progress, got {other:?}"),
+            Err(IdemError::StoreBusy { .. }) => {}
+            Err(other) => panic!("expected store busy, got {other:?}"),
             Ok(Claim::Execute(_)) => panic!("claimed while another writer holds the lock"),
             Ok(Claim::Replay(_)) => panic!("replayed a key never stored"),
         }
