@@ -61,3 +61,48 @@ fn durations_are_whole_units() {
         assert_eq!(rules::parse_millis(bad), None, "{bad:?}");
     }
 }
+
+#[test]
+fn never_kept_headers_are_the_runtimes() {
+    use idem_runtime::http::KeptHeaders;
+    for name in rules::NEVER_KEPT_HEADERS {
+        assert!(KeptHeaders::never_kept(name), "{name}");
+    }
+    // Every header the runtime knows by name, kept or not: the two sets agree.
+    for name in [
+        "location",
+        "content-location",
+        "etag",
+        "last-modified",
+        "cache-control",
+        "expires",
+        "vary",
+        "link",
+        "content-language",
+        "content-disposition",
+        "content-encoding",
+        "retry-after",
+        "allow",
+        "www-authenticate",
+        "set-cookie",
+        "x-request-id",
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+        "content-length",
+        "content-type",
+        "idempotent-replayed",
+    ] {
+        assert_eq!(
+            KeptHeaders::never_kept(name),
+            rules::NEVER_KEPT_HEADERS.contains(&name),
+            "{name}"
+        );
+    }
+}

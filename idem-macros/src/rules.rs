@@ -6,7 +6,9 @@
 //! - [`label`]: `idem_runtime::fingerprint::Label::new`, the 32-bit FNV-1a hash
 //!   of a field name that the fingerprint encoding writes;
 //! - [`parse_millis`]: the attribute's durations (`"500ms"`, `"30s"`, `"15m"`,
-//!   `"24h"`, `"7d"`), which become the `Policy` durations of the operation.
+//!   `"24h"`, `"7d"`), which become the `Policy` durations of the operation;
+//! - [`NEVER_KEPT_HEADERS`], the response headers no handler may ask to
+//!   store: `idem_runtime::http::KeptHeaders::never_kept`.
 //!
 //! The file depends on nothing but `std`: `tests/rules.rs` in the `idem`
 //! crate includes it and checks it against the runtime.
@@ -60,6 +62,24 @@ pub(crate) fn label(name: &str) -> u32 {
         (hash ^ u32::from(byte)).wrapping_mul(0x0100_0193)
     })
 }
+
+/// Headers no response keeps, named or not: they describe one connection, or
+/// are recomputed for each answer. The same set as
+/// `idem_runtime::http::KeptHeaders::never_kept`, lowercase.
+pub(crate) const NEVER_KEPT_HEADERS: &[&str] = &[
+    "connection",
+    "keep-alive",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "proxy-connection",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+    "content-length",
+    "content-type",
+    "idempotent-replayed",
+];
 
 #[cfg(test)]
 mod tests {

@@ -6,7 +6,7 @@ use syn::parse::ParseStream;
 use syn::{bracketed, Ident, LitStr, Path, Token};
 
 use crate::errors::Errors;
-use crate::rules::{check_step_name, parse_millis};
+use crate::rules::{check_step_name, parse_millis, NEVER_KEPT_HEADERS};
 
 const EXPECTED: &str = "expected one of `scope`, `step`, `retain`, `lock_ttl`, `wait`, `timeout`, `fail_open`, `durable`, `http`, `headers`, `store`, `never_store`";
 
@@ -146,23 +146,6 @@ fn parse_scope(input: ParseStream<'_>) -> syn::Result<Vec<LitStr>> {
     }
 }
 
-/// Headers no response keeps, named or not: they describe one connection, or
-/// are recomputed (as `KeptHeaders::never_kept` in the runtime).
-const NEVER_KEPT: &[&str] = &[
-    "connection",
-    "keep-alive",
-    "proxy-authenticate",
-    "proxy-authorization",
-    "proxy-connection",
-    "te",
-    "trailer",
-    "transfer-encoding",
-    "upgrade",
-    "content-length",
-    "content-type",
-    "idempotent-replayed",
-];
-
 fn parse_headers(input: ParseStream<'_>, errors: &mut Errors) -> syn::Result<Vec<String>> {
     const FORM: &str = "`headers` takes header names to keep besides the default set, e.g. `headers = [\"set-cookie\"]`";
     if !input.peek(syn::token::Bracket) {
@@ -183,7 +166,7 @@ fn parse_headers(input: ParseStream<'_>, errors: &mut Errors) -> syn::Result<Vec
                 literal.span(),
                 format!("`{}` is not a header name", literal.value()),
             );
-        } else if NEVER_KEPT.contains(&name.as_str()) {
+        } else if NEVER_KEPT_HEADERS.contains(&name.as_str()) {
             errors.push_at(
                 literal.span(),
                 format!("`{name}` is never stored: it describes one connection or is recomputed for each answer"),
