@@ -243,7 +243,7 @@ impl Service {
                 // A port still held by the killed process, a store still
                 // locked: try again for a while.
                 Err(error) if started.elapsed() < START_TIMEOUT => {
-                    tracing_free_note(&format!("{} did not start ({error}); again", self.name));
+                    note(&format!("{} did not start ({error}); again", self.name));
                     tokio::time::sleep(Duration::from_millis(200)).await;
                 }
                 Err(error) => return Err(format!("{} did not start: {error}", self.name).into()),
@@ -300,7 +300,7 @@ impl Service {
 }
 
 /// A line on stderr about the run itself (not a result).
-fn tracing_free_note(note: &str) {
+fn note(note: &str) {
     eprintln!("chaos: {note}");
 }
 
@@ -713,7 +713,7 @@ async fn run_backend<DB: FlowBackend>(
             break;
         }
         if Instant::now() > deadline {
-            tracing_free_note(&format!(
+            note(&format!(
                 "{} notifications still undelivered after {DRAIN_TIMEOUT:?}",
                 backlog.pending
             ));
