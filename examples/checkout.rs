@@ -40,6 +40,10 @@
 //! started and what it got, checks that each order was charged and notified
 //! exactly once, and exits non-zero if not.
 
+#[path = "services/notifications.rs"]
+mod notifications;
+#[path = "services/orders.rs"]
+mod orders;
 #[path = "services/payments.rs"]
 mod payments;
 
@@ -49,48 +53,24 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use axum::body::Bytes;
-use axum::extract::{FromRef, Request, State};
-use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
+use axum::extract::{Request, State};
+use axum::http::{HeaderName, HeaderValue, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::post;
 use axum::Router;
-use idem::http::Json;
-use idem::inbox::webhook::WebhookReceiver;
-use idem::inbox::Inbox;
-use idem::outbox::{self, Message, Relay, RelayFault, WebhookSink};
-use idem::signature::SigningSecret;
-use idem::Problem;
-use idem::{idempotent, Engine, Fingerprint, IdempotencyKey, Scope};
+use idem::outbox::{self, Backoff, Relay, RelayFault};
+use idem::{Engine, IdempotencyKey, Problem};
 use idem_client::reqwest_middleware::{self, ClientWithMiddleware};
 use idem_client::{IdempotentRetry, RequestBuilderExt, ResponseExt, RetryPolicy};
-use payments::Tenant;
-use serde::{Deserialize, Serialize};
+use orders::{Orders, CHARGE_CARD, NOTIFY_ORDER, PLACE_ORDER};
 use serde_json::json;
-use sqlx::{Sqlite, SqliteConnection};
-
-idem::steps! {
-    /// An order placed through the order service's `POST /checkout`.
-    const PLACE_ORDER = "place-order.v1";
-    /// The card charge an order asks payments for; its key is the order's
-    /// key's child under this step.
-    const CHARGE_CARD = "charge-card.v1";
-    /// The notification an order sends through the outbox; its message id
-    /// is the order's key's child under this step.
-    const NOTIFY_ORDER = "notify-order.v1";
-    /// A notification recorded by the notifications service's inbox.
-    const RECORD_NOTIFICATION = "record-notification.v1";
-}
+use sqlx::Sqlite;
 
 const TENANT: &str = "shop-1";
 /// How long the gateway and the mesh wait for an upstream answer.
 const PROXY_TIMEOUT: Duration = Duration::from_secs(3);
 /// How long the client of the first story waits before giving up on a read.
 const CLIENT_TIMEOUT: Duration = Duration::from_millis(500);
-/// The secret the order service's relay signs its webhooks with and the
-/// notifications service verifies them with (Standard Webhooks).
-const WEBHOOK_SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
 /// How long a relay leases a message: after a relay dies, another one
 /// delivers the message again once this has passed.
 const RELAY_LEASE: Duration = Duration::from_millis(600);
@@ -99,175 +79,8 @@ const RELAY_LEASE: Duration = Duration::from_millis(600);
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 // ---------------------------------------------------------------------------
-// The order service
-// ---------------------------------------------------------------------------
-
-/// `POST /checkout` body.
-#[derive(Debug, Clone, Deserialize, Fingerprint)]
-struct CheckoutRequest {
-    order_ref: String,
-    amount_cents: i64,
-    currency: String,
-}
-
-#[derive(Debug, Serialize)]
-struct Order {
-    order_id: String,
-    payment_id: String,
-    amount_cents: i64,
-}
-
-#[derive(Clone)]
-struct Orders {
-    engine: Engine<Sqlite>,
-    /// The payments service, as the mesh sidecar exposes it.
-    payments_url: String,
-    /// Where order notifications are delivered (the notifications service).
-    notifications_url: String,
-    http: ClientWithMiddleware,
-}
-
-impl FromRef<Orders> for Engine<Sqlite> {
-    fn from_ref(orders: &Orders) -> Self {
-        orders.engine.clone()
-    }
-}
-
-/// `POST /checkout`: charge the card through payments with the derived key,
-/// record the order and enqueue its notification in the outbox; the order,
-/// the notification and this answer commit together, and every retry of the
-/// key gets this answer back without running again (nor enqueueing again:
-/// the notification's id is `child_key(order key, NOTIFY_ORDER)`).
-///
-/// The claim is `durable`: it commits an `in_progress` record before the call
-/// to payments, so no database lock is held across that call, and a duplicate
-/// arriving meanwhile is told 409 with the seconds left on the lock.
-#[idempotent(http, scope = "tenant", step = PLACE_ORDER, durable, lock_ttl = "2s")]
-async fn checkout(
-    tx: &mut SqliteConnection,
-    State(orders): State<Orders>,
-    Tenant(tenant): Tenant,
-    key: IdempotencyKey,
-    #[fingerprint] Json(request): Json<CheckoutRequest>,
-) -> Response {
-    let charge_key = key.child(CHARGE_CARD);
-    let charge = json!({
-        "amount_cents": request.amount_cents,
-        "currency": request.currency,
-        "destination": format!("merchant/{}", request.order_ref),
-    });
-    let sent = orders
-        .http
-        .post(format!("{}/payments", orders.payments_url))
-        .idempotency_key(charge_key)
-        .header("x-tenant-id", tenant.as_str())
-        .header("content-type", "application/json")
-        .body(charge.to_string())
-        .send()
-        .await;
-    let reply = match sent {
-        Ok(response) => {
-            let status = response.status().as_u16();
-            let body: serde_json::Value = response.json().await.unwrap_or_default();
-            Ok((status, body))
-        }
-        Err(error) => Err(error),
-    };
-    match reply {
-        Ok((201, payment)) => {
-            let order = Order {
-                order_id: request.order_ref.clone(),
-                payment_id: payment["payment_id"]
-                    .as_str()
-                    .unwrap_or_default()
-                    .to_owned(),
-                amount_cents: request.amount_cents,
-            };
-            let inserted = sqlx::query(
-                "INSERT INTO orders (order_id, payment_id, amount_cents) VALUES ($1, $2, $3)",
-            )
-            .bind(&order.order_id)
-            .bind(&order.payment_id)
-            .bind(order.amount_cents)
-            .execute(&mut *tx)
-            .await;
-            if let Err(error) = inserted {
-                return unavailable(&format!("the order could not be recorded ({error})"));
-            }
-            let notification =
-                Message::webhook(format!("{}/notifications", orders.notifications_url))
-                    .json(&json!({"order_id": order.order_id, "amount_cents": order.amount_cents}))
-                    .map(|message| {
-                        message
-                            .for_step(&key, NOTIFY_ORDER)
-                            .scope(&Scope::tenant(tenant.as_str()))
-                    });
-            let enqueued = match notification {
-                Ok(message) => outbox::enqueue(&mut *tx, &message)
-                    .await
-                    .map_err(|e| e.to_string()),
-                Err(error) => Err(error.to_string()),
-            };
-            match enqueued {
-                Ok(_) => (StatusCode::CREATED, axum::Json(order)).into_response(),
-                Err(error) => {
-                    unavailable(&format!("the notification could not be enqueued ({error})"))
-                }
-            }
-        }
-        // A deterministic refusal: stored and replayed.
-        Ok((status, _)) if (400..500).contains(&status) && status != 409 => {
-            Problem::new(402, "Payment refused")
-                .with_detail(format!(
-                    "The payments service refused the charge ({status}); nothing was ordered."
-                ))
-                .into_response()
-        }
-        Ok((status, _)) => unavailable(&format!("the payments service answered {status}")),
-        Err(error) => unavailable(&format!("the payments service did not answer ({error})")),
-    }
-}
-
-/// A transient failure (5xx): rolled back, not stored; the retry runs again.
-fn unavailable(why: &str) -> Response {
-    Problem::new(503, "Order not placed")
-        .with_detail(format!(
-            "{why}; nothing was stored, retry with the same Idempotency-Key."
-        ))
-        .into_response()
-}
-
-// ---------------------------------------------------------------------------
 // The notifications service, fed by the order service's outbox
 // ---------------------------------------------------------------------------
-
-/// `POST /notifications`: a Standard Webhooks receiver. The signature is
-/// verified before anything else (401, nothing stored); the notification is
-/// recorded under an inbox claim keyed on `webhook-id` (the outbox message
-/// id), so a redelivered message is answered from the stored record and
-/// recorded once.
-async fn notify(
-    State(receiver): State<Arc<WebhookReceiver<Sqlite>>>,
-    headers: HeaderMap,
-    body: Bytes,
-) -> Response {
-    receiver
-        .receive(&headers, &body, async |tx, message| {
-            let event: serde_json::Value = message
-                .json()
-                .map_err(|error| Problem::new(400, "Not JSON").with_detail(error.to_string()))?;
-            let Some(order_id) = event["order_id"].as_str() else {
-                return Err(Problem::new(422, "No order_id"));
-            };
-            sqlx::query("INSERT INTO notifications (message_id, order_id) VALUES ($1, $2)")
-                .bind(&message.id)
-                .bind(order_id)
-                .execute(&mut *tx)
-                .await?;
-            Ok(json!({"notified": order_id}))
-        })
-        .await
-}
 
 /// The notifications service on its own SQLite file, behind `trace` (which
 /// records every delivery, named by the relay's user agent).
@@ -276,16 +89,8 @@ async fn notifications_service(
     trace: &Trace,
 ) -> Result<(Engine<Sqlite>, String), BoxError> {
     let engine = Engine::<Sqlite>::open_sqlite(path).await?;
-    engine.migrate().await?;
-    idem::registry::validate(&engine).await?;
-    sqlx::query("CREATE TABLE notifications (message_id TEXT NOT NULL, order_id TEXT NOT NULL)")
-        .execute(engine.pool())
-        .await?;
-    let inbox = Inbox::new(engine.clone(), "notifications", RECORD_NOTIFICATION.name())?;
-    let receiver = WebhookReceiver::new(inbox, SigningSecret::new(WEBHOOK_SECRET)?);
-    let app = Router::new()
-        .route("/notifications", post(notify))
-        .with_state(Arc::new(receiver))
+    let app = notifications::service(&engine)
+        .await?
         .layer(middleware::from_fn_with_state(
             trace.clone(),
             trace_deliveries,
@@ -316,14 +121,13 @@ async fn trace_deliveries(State(trace): State<Trace>, request: Request, next: Ne
 /// A relay for the order service's outbox, delivering through the webhook
 /// sink; `name` is its user agent, which the trace shows.
 fn outbox_relay(engine: &Engine<Sqlite>, name: &str) -> Result<Relay<Sqlite>, BoxError> {
-    let client = reqwest::Client::builder().user_agent(name).build()?;
-    Ok(Relay::new(engine)
-        .sink(WebhookSink::with_client(
-            client,
-            SigningSecret::new(WEBHOOK_SECRET)?,
-        ))
-        .lease(RELAY_LEASE)
-        .poll_interval(Duration::from_millis(50)))
+    orders::relay(
+        engine,
+        name,
+        notifications::WEBHOOK_SECRET,
+        RELAY_LEASE,
+        Backoff::default(),
+    )
 }
 
 /// Waits until every message of the outbox is delivered.
@@ -806,27 +610,21 @@ async fn run() -> Result<bool, BoxError> {
     // relay delivering its outbox to notifications.
     let orders_db = dir.path().join("orders.db");
     let orders_engine = Engine::<Sqlite>::open_sqlite(&orders_db).await?;
-    orders_engine.migrate().await?;
-    idem::registry::validate(&orders_engine).await?;
-    sqlx::query("CREATE TABLE orders (order_id TEXT PRIMARY KEY, payment_id TEXT NOT NULL, amount_cents BIGINT NOT NULL)")
-        .execute(orders_engine.pool())
-        .await?;
+    orders::prepare(&orders_engine).await?;
     let orders_faults = LinkFaults::default();
-    let orders_app = Router::new()
-        .route("/checkout", post(checkout))
-        .layer(middleware::from_fn_with_state(
-            orders_faults.clone(),
-            lose_answers,
-        ))
-        .with_state(Orders {
-            engine: orders_engine.clone(),
-            payments_url: mesh_url.clone(),
-            notifications_url: notifications_url.clone(),
-            http: idem_client::client(
-                reqwest::Client::new(),
-                RetryPolicy::default().max_attempts(2),
-            ),
-        });
+    let orders_app = orders::router(Orders {
+        engine: orders_engine.clone(),
+        payments_url: mesh_url.clone(),
+        notifications_url: notifications_url.clone(),
+        http: idem_client::client(
+            reqwest::Client::new(),
+            RetryPolicy::default().max_attempts(2),
+        ),
+    })
+    .layer(middleware::from_fn_with_state(
+        orders_faults.clone(),
+        lose_answers,
+    ));
     let orders_url = start(orders_app).await?;
     let gateway_url =
         start(RetryingProxy::new("gateway -> orders", orders_url.clone(), &trace).router()).await?;

@@ -28,6 +28,31 @@ pub struct PgServer {
     base_url: String,
     /// Settings the server was started with.
     settings: Vec<(String, String)>,
+    /// How to stop and start it again; `None` for an external server.
+    cluster: Option<Cluster>,
+}
+
+/// A cluster this process started: what `pg_ctl` needs to stop and start it.
+#[derive(Debug)]
+struct Cluster {
+    bin: PathBuf,
+    data: PathBuf,
+    log: PathBuf,
+    options: String,
+    as_root: bool,
+}
+
+impl Cluster {
+    fn pg_ctl(&self) -> Command {
+        let exe = self.bin.join("pg_ctl");
+        if self.as_root {
+            let mut cmd = Command::new("runuser");
+            cmd.args(["-u", "postgres", "--"]).arg(exe);
+            cmd
+        } else {
+            Command::new(exe)
+        }
+    }
 }
 
 static SHARED: OnceLock<PgServer> = OnceLock::new();
@@ -51,6 +76,7 @@ impl PgServer {
             Ok(url) if !url.is_empty() => Self {
                 base_url: url,
                 settings: Vec::new(),
+                cluster: None,
             },
             _ => Self::start(settings)
                 .unwrap_or_else(|error| panic!("{}", how_to_get_postgres(&error))),
@@ -105,23 +131,69 @@ impl PgServer {
         for (name, value) in settings {
             options.push_str(&format!(" -c {name}={value}"));
         }
-        let log = root.join("postgres.log");
-        run(
-            pg("pg_ctl")
-                .arg("-D")
-                .arg(&data)
-                .arg("-l")
-                .arg(&log)
-                .args(["-o", &options, "-w", "-t", "60", "start"]),
-            "pg_ctl start",
-        )?;
-        spawn_watchdog(&bin, &root, &data, as_root);
-        Ok(Self {
+        let cluster = Cluster {
+            bin: bin.clone(),
+            data: data.clone(),
+            log: root.join("postgres.log"),
+            options,
+            as_root,
+        };
+        let server = Self {
             base_url: format!("postgres://postgres@127.0.0.1:{port}"),
             settings: settings
                 .iter()
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
+            cluster: Some(cluster),
+        };
+        server.start_again()?;
+        spawn_watchdog(&bin, &root, &data, as_root);
+        Ok(server)
+    }
+
+    /// Stops a server this process started (`pg_ctl stop -m fast`: open
+    /// connections are cut, nothing more is accepted), for tests of a store
+    /// that goes away. [`PgServer::start_again`] brings it back on the same
+    /// port with the same data.
+    ///
+    /// ```no_run
+    /// let server = idem_runtime::test_support::PgServer::start(idem_runtime::test_support::FAST_SETTINGS).unwrap();
+    /// server.stop().unwrap();
+    /// server.start_again().unwrap();
+    /// ```
+    pub fn stop(&self) -> Result<(), String> {
+        let cluster = self.cluster()?;
+        run(
+            cluster
+                .pg_ctl()
+                .arg("-D")
+                .arg(&cluster.data)
+                .args(["-m", "fast", "-w", "-t", "60", "stop"]),
+            "pg_ctl stop",
+        )
+    }
+
+    /// Starts a server this process started and [stopped](PgServer::stop)
+    /// again, on the same port with the same data; returns once it accepts
+    /// connections.
+    pub fn start_again(&self) -> Result<(), String> {
+        let cluster = self.cluster()?;
+        run(
+            cluster
+                .pg_ctl()
+                .arg("-D")
+                .arg(&cluster.data)
+                .arg("-l")
+                .arg(&cluster.log)
+                .args(["-o", &cluster.options, "-w", "-t", "60", "start"]),
+            "pg_ctl start",
+        )
+    }
+
+    fn cluster(&self) -> Result<&Cluster, String> {
+        self.cluster.as_ref().ok_or_else(|| {
+            "an external server (IDEM_TEST_DATABASE_URL) is not stopped or started by the tests"
+                .to_owned()
         })
     }
 

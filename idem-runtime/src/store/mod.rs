@@ -205,18 +205,33 @@ pub(crate) fn millis(duration: Duration) -> i64 {
     i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
 }
 
+/// The stored response of a record, from its columns: `None` for a record
+/// without one (in progress). A status that is not an HTTP status (a row
+/// changed or damaged outside idem) is an error, so the claim fails closed
+/// instead of taking the record for one without a response and running the
+/// work again, or replaying a status no handler answered.
 pub(crate) fn response_from_columns(
     status: Option<i64>,
     content_type: Option<String>,
     body: Option<Vec<u8>>,
     headers: Option<String>,
-) -> Option<StoredResponse> {
-    Some(StoredResponse {
-        status: u16::try_from(status?).ok()?,
+) -> Result<Option<StoredResponse>, sqlx::Error> {
+    let Some(status) = status else {
+        return Ok(None);
+    };
+    let status = u16::try_from(status)
+        .ok()
+        .filter(|status| (100..=599).contains(status))
+        .ok_or_else(|| sqlx::Error::ColumnDecode {
+            index: "response_status".to_owned(),
+            source: format!("the stored response's status {status} is not an HTTP status").into(),
+        })?;
+    Ok(Some(StoredResponse {
+        status,
         content_type: content_type.unwrap_or_default(),
         body: body.unwrap_or_default(),
         headers: decode_headers(headers.as_deref()),
-    })
+    }))
 }
 
 /// The `response_headers` column: a JSON array of `[name, value]` pairs, or
@@ -257,5 +272,22 @@ mod tests {
         assert_eq!(encode_headers(&[]), None);
         assert!(decode_headers(None).is_empty());
         assert!(decode_headers(Some("not json")).is_empty());
+    }
+
+    #[test]
+    fn a_stored_status_that_is_not_an_http_status_is_an_error() {
+        for status in [-1, 0, 99, 600, 65_535, 70_000, i64::MIN] {
+            assert!(
+                response_from_columns(Some(status), None, None, None).is_err(),
+                "{status}"
+            );
+        }
+        assert!(response_from_columns(None, None, None, None)
+            .unwrap()
+            .is_none());
+        let stored = response_from_columns(Some(201), None, Some(b"{}".to_vec()), None)
+            .unwrap()
+            .unwrap();
+        assert_eq!((stored.status, stored.body.as_slice()), (201, &b"{}"[..]));
     }
 }

@@ -104,7 +104,7 @@ fn record(row: &PgRow) -> Result<Record, sqlx::Error> {
             row.try_get(3)?,
             row.try_get(4)?,
             row.try_get(7)?,
-        ),
+        )?,
         expired: row.try_get(5)?,
         lock_left: (lock_left_ms > 0).then(|| Duration::from_millis(lock_left_ms as u64)),
     })

@@ -107,7 +107,7 @@ fn record(row: &SqliteRow) -> Result<Record, sqlx::Error> {
             row.try_get(3)?,
             row.try_get(4)?,
             row.try_get(7)?,
-        ),
+        )?,
         expired: expires_at <= now,
         lock_left: (locked_until > now).then(|| Duration::from_millis((locked_until - now) as u64)),
     })
