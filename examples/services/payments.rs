@@ -358,7 +358,6 @@ async fn charge<DB: Ledger>(
 fn validate(request: &PaymentRequest) -> Result<(), Problem> {
     let invalid = |detail: String| {
         Err(Problem::new(422, "Invalid payment")
-            .with_type("https://idem-rs.github.io/idem/problems#invalid-payment")
             .with_detail(detail))
     };
     if request.amount_cents <= 0 {
@@ -429,7 +428,6 @@ impl<S: Send + Sync> FromRequestParts<S> for Tenant {
         match tenant {
             Some(tenant) if !tenant.is_empty() && tenant.len() <= 255 => Ok(Tenant(tenant.to_owned())),
             _ => Err(Problem::new(400, "X-Tenant-Id header missing")
-                .with_type("https://idem-rs.github.io/idem/problems#tenant-missing")
                 .with_detail("Send the tenant this request acts for in the X-Tenant-Id header (1 to 255 visible ASCII characters).")),
         }
     }

@@ -263,10 +263,10 @@ impl From<OutboxError> for crate::Problem {
     fn from(error: OutboxError) -> Self {
         match error {
             OutboxError::Invalid(detail) => {
-                crate::Problem::new(500, "invalid outbox message").with_detail(detail)
+                crate::Problem::new(500, "Invalid outbox message").with_detail(crate::problem::sentence(&detail))
             }
             error @ OutboxError::IdTaken { .. } => {
-                crate::Problem::new(500, "outbox message id taken").with_detail(error.to_string())
+                crate::Problem::new(500, "Outbox message id taken").with_detail(crate::problem::sentence(&error.to_string()))
             }
             OutboxError::Store(error) => error.into(),
         }
