@@ -231,9 +231,9 @@ pub use idem_macros::steps;
 /// are stored and replayed; 5xx errors, panics, timeouts and dropped futures
 /// roll back. A `T` that cannot be stored, an `E` without `ErrorStatus` or a
 /// request without `Fingerprint` is a compile error pointing at that type and
-/// saying what to derive or implement (`tests/ui/idempotent/fail/` has each message).
+/// saying what to derive or implement.
 ///
-/// The expansion, roughly (`idem-macros/snapshots/` has the exact text):
+/// The expansion, roughly:
 ///
 /// ```text
 /// async fn charge(engine: &Engine<Sqlite>, tenant_id: String, key: IdempotencyKey, req: ChargeRequest)

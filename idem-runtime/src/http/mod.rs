@@ -60,12 +60,14 @@ mod error;
 mod fingerprint;
 mod json;
 mod key;
+mod linger;
 pub mod problem;
 mod response;
 mod trace;
 
 pub use json::{Json, JsonRejection};
 pub use key::{parse_header_value, KeyRejection, IDEMPOTENCY_KEY};
+pub use linger::{LINGER_MAX_BYTES, LINGER_MAX_TIME};
 
 pub use response::{into_stored, into_stored_keeping, respond, KeptHeaders, IDEMPOTENT_REPLAYED};
 pub use trace::{operation_span, record_outcome};
