@@ -591,6 +591,46 @@ async fn oversized_body_written_whole_gets_its_413(db: TestDb) {
     assert_eq!(svc.count("acme").await, 0);
 }
 
+/// `GET /openapi.json` documents `POST /payments` as idempotent.
+async fn openapi_document(db: TestDb) {
+    let svc = serve(&db, Config::default()).await;
+    let reply = svc
+        .http
+        .send(axum::http::Method::GET, &format!("{}/openapi.json", svc.base), &[], None)
+        .await
+        .expect("GET /openapi.json");
+    assert_eq!(reply.status, 200, "{reply:?}");
+    let api = reply.json();
+    let create = &api["paths"]["/payments"]["post"];
+    let key = &create["parameters"][0];
+    assert_eq!(key["name"], "Idempotency-Key");
+    assert_eq!(key["in"], "header");
+    assert_eq!(key["required"], true);
+    assert!(create["responses"]["201"]["headers"]["Idempotent-Replayed"].is_object());
+    for status in ["400", "409", "422", "503"] {
+        let problem = &create["responses"][status];
+        assert!(problem.is_object(), "{status}: {create}");
+    }
+    for status in ["400", "409", "503"] {
+        assert_eq!(
+            create["responses"][status]["content"]["application/problem+json"]["schema"]["$ref"],
+            "#/components/schemas/Problem"
+        );
+    }
+    assert!(create["responses"]["409"]["headers"]["Retry-After"].is_object());
+    // The example's own 422 stays as it documented it.
+    assert!(create["responses"]["422"]["description"]
+        .as_str()
+        .unwrap()
+        .contains("invalid"));
+    assert_eq!(
+        api["components"]["schemas"]["Problem"]["required"],
+        json!(["type", "title", "status"])
+    );
+    // Other operations are left alone.
+    assert!(api["paths"]["/payments"]["get"]["parameters"].is_null());
+}
+
 /// Each test body once per store.
 macro_rules! on_backend {
     ($backend:ident, $db:expr) => {
@@ -606,6 +646,10 @@ macro_rules! on_backend {
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn oversized_body_written_whole_gets_its_413() {
                 super::oversized_body_written_whole_gets_its_413($db).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn openapi_document() {
+                super::openapi_document($db).await
             }
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn cross_tenant() {

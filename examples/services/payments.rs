@@ -274,6 +274,7 @@ pub fn router<DB: Ledger>(engine: Engine<DB>, config: Config) -> Router {
     Router::new()
         .route("/payments", DB::create_route().get(list_payments::<DB>))
         .route("/healthz", get(healthz::<DB>))
+        .route("/openapi.json", get(openapi_json))
         .layer(axum::middleware::from_fn_with_state(
             config.allow_faults,
             fault::layer,
@@ -397,6 +398,41 @@ async fn list_payments<DB: Ledger>(
             store_down().into_response()
         }
     }
+}
+
+/// `GET /openapi.json`: the API's OpenAPI document; `POST /payments` is
+/// documented as idempotent (its `Idempotency-Key` header,
+/// `Idempotent-Replayed` on its answers, idem's problem responses).
+async fn openapi_json() -> Response {
+    use idem::http::openapi::{self, utoipa};
+    use utoipa::openapi::path::{HttpMethod, OperationBuilder, PathItem, PathsBuilder};
+    use utoipa::openapi::{InfoBuilder, OpenApiBuilder, ResponseBuilder};
+
+    let create = OperationBuilder::new()
+        .operation_id(Some("createPayment"))
+        .summary(Some("Create a payment, once per Idempotency-Key"))
+        .response(
+            "201",
+            ResponseBuilder::new().description("The payment; its URL in Location"),
+        )
+        .response(
+            "422",
+            ResponseBuilder::new()
+                .description("The key was reused with another request, or the payment is invalid"),
+        )
+        .build();
+    let list = OperationBuilder::new()
+        .operation_id(Some("listPayments"))
+        .response("200", ResponseBuilder::new().description("The tenant's payments"))
+        .build();
+    let mut payments = PathItem::new(HttpMethod::Post, create);
+    payments.get = Some(list);
+    let mut api = OpenApiBuilder::new()
+        .info(InfoBuilder::new().title("payments").version("1").build())
+        .paths(PathsBuilder::new().path("/payments", payments))
+        .build();
+    openapi::document(&mut api, "/payments", HttpMethod::Post);
+    axum::Json(api).into_response()
 }
 
 /// `GET /healthz`: 200 when the store answers within a second, 503 when not.

@@ -66,6 +66,8 @@ mod fingerprint;
 mod json;
 mod key;
 mod linger;
+#[cfg(feature = "openapi")]
+pub mod openapi;
 pub mod problem;
 mod response;
 mod scope;

@@ -72,28 +72,21 @@ pub trait ScopePathParam {
 /// A scope from the request header `N` names: 1 to 255 visible ASCII
 /// characters, trimmed; missing or otherwise, a 400 problem.
 ///
-/// ```no_run
+/// In `#[idempotent(http, scope = "tenant", ...)]`, a parameter
+/// `tenant: HeaderScope<XTenantId>`; by hand, the [`Scope`](crate::Scope)
+/// of an operation:
+///
+/// ```
 /// use axum::{routing::post, Router};
-/// use idem::http::{HeaderScope, Json, XTenantId};
-/// use idem::sqlx::{Sqlite, SqliteConnection};
-/// use idem::{idempotent, Engine, Fingerprint, IdempotencyKey};
+/// use idem_runtime::http::{HeaderScope, XTenantId};
+/// use idem_runtime::{Scope, ScopePart};
 ///
-/// #[derive(serde::Deserialize, Fingerprint)]
-/// struct NewOrder { sku: String }
-///
-/// #[idempotent(http, scope = "tenant", step = "create-order.v1")]
-/// async fn create(
-///     tx: &mut SqliteConnection,
-///     tenant: HeaderScope<XTenantId>,
-///     key: IdempotencyKey,
-///     #[fingerprint] Json(order): Json<NewOrder>,
-/// ) -> String {
-///     format!("{tenant}: {}", order.sku)
+/// async fn create(tenant: HeaderScope<XTenantId>) -> String {
+///     let scope = Scope::tenant(tenant.scope_part());
+///     scope.to_string()
 /// }
 ///
-/// fn app(engine: Engine<Sqlite>) -> Router {
-///     Router::new().route("/orders", post(create)).with_state(engine)
-/// }
+/// let _app: Router = Router::new().route("/orders", post(create));
 /// ```
 pub struct HeaderScope<N> {
     value: String,
