@@ -81,13 +81,22 @@ async fn app_migrations_first_then_idem<DB: AppBackend>(
     // Every later start runs both again, in any order.
     DB::app_migrate(engine.pool()).await.expect("app again");
     engine.migrate().await.expect("idem again");
-    DB::app_migrate(engine.pool()).await.expect("app after idem");
+    DB::app_migrate(engine.pool())
+        .await
+        .expect("app after idem");
 
     assert_eq!(sqlx_versions(engine.pool()).await, 2, "only the app's rows");
     let idem_rows = DB::count(engine.pool(), "SELECT COUNT(*) FROM _idem_migrations").await;
-    assert_eq!(idem_rows, migrations::migrator::<DB>().iter().count() as i64);
+    assert_eq!(
+        idem_rows,
+        migrations::migrator::<DB>().iter().count() as i64
+    );
     assert!(migrations::pending(engine.pool()).await.unwrap().is_empty());
-    DB::execute(engine.pool(), "INSERT INTO orders (id, customer, note) VALUES (1, 'c', 'n')").await;
+    DB::execute(
+        engine.pool(),
+        "INSERT INTO orders (id, customer, note) VALUES (1, 'c', 'n')",
+    )
+    .await;
     DB::execute(engine.pool(), "SELECT COUNT(*) FROM idempotency_keys").await;
 }
 
@@ -96,7 +105,9 @@ async fn idem_first_then_app_migrations<DB: AppBackend>(
 ) {
     // The harness has already run idem's migrations.
     let h = harness(Policy::default()).await;
-    DB::app_migrate(h.engine.pool()).await.expect("app after idem");
+    DB::app_migrate(h.engine.pool())
+        .await
+        .expect("app after idem");
     h.engine.migrate().await.expect("idem again");
     DB::app_migrate(h.engine.pool()).await.expect("app again");
     assert_eq!(sqlx_versions(h.engine.pool()).await, 2);
@@ -107,7 +118,9 @@ async fn idem_rows_in_sqlx_table_are_moved<DB: AppBackend>(
     _harness: impl AsyncFn(Policy) -> Harness<DB>,
 ) {
     let (engine, db) = empty_engine::<DB>().await;
-    DB::legacy_idem_migrate(engine.pool()).await.expect("legacy idem");
+    DB::legacy_idem_migrate(engine.pool())
+        .await
+        .expect("legacy idem");
     // The state an earlier idem left: the application's migrator refuses it.
     // (On its own pool: sqlx returns that error without releasing its
     // Postgres migration lock, which would stay with a pooled connection.)
@@ -126,7 +139,10 @@ async fn idem_rows_in_sqlx_table_are_moved<DB: AppBackend>(
     engine.migrate().await.expect("idem again");
     assert_eq!(sqlx_versions(engine.pool()).await, 2, "only the app's rows");
     let idem_rows = DB::count(engine.pool(), "SELECT COUNT(*) FROM _idem_migrations").await;
-    assert_eq!(idem_rows, migrations::migrator::<DB>().iter().count() as i64);
+    assert_eq!(
+        idem_rows,
+        migrations::migrator::<DB>().iter().count() as i64
+    );
     assert!(migrations::pending(engine.pool()).await.unwrap().is_empty());
     assert_eq!(TABLE, "_idem_migrations");
 }

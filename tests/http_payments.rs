@@ -596,7 +596,12 @@ async fn openapi_document(db: TestDb) {
     let svc = serve(&db, Config::default()).await;
     let reply = svc
         .http
-        .send(axum::http::Method::GET, &format!("{}/openapi.json", svc.base), &[], None)
+        .send(
+            axum::http::Method::GET,
+            &format!("{}/openapi.json", svc.base),
+            &[],
+            None,
+        )
         .await
         .expect("GET /openapi.json");
     assert_eq!(reply.status, 200, "{reply:?}");

@@ -179,7 +179,12 @@ async fn scopes_over_sockets<DB: Routes>(harness: impl AsyncFn(Policy) -> Harnes
     let url = format!("{base}/orders");
     let acme = [("x-tenant-id", "acme"), ("idempotency-key", "k-1")];
     let first = post_json(&url, &acme, r#"{"amount": 5}"#).await;
-    assert_eq!((first.status, first.replayed), (201, false), "{}", first.body);
+    assert_eq!(
+        (first.status, first.replayed),
+        (201, false),
+        "{}",
+        first.body
+    );
     assert_eq!(first.body, "acme:5");
     let retry = post_json(&url, &acme, r#"{"amount": 5}"#).await;
     assert_eq!((retry.status, retry.replayed), (201, true));
@@ -194,13 +199,19 @@ async fn scopes_over_sockets<DB: Routes>(harness: impl AsyncFn(Policy) -> Harnes
     assert_eq!(missing.status, 400);
     let problem: serde_json::Value = serde_json::from_str(&missing.body).unwrap();
     assert_eq!(problem["title"], "x-tenant-id header missing or malformed");
-    assert!(problem["detail"].as_str().unwrap().starts_with("Send the x-tenant-id header"));
+    assert!(problem["detail"]
+        .as_str()
+        .unwrap()
+        .starts_with("Send the x-tenant-id header"));
     assert_eq!(h.payments().await, 2);
 
     // The path scope: `{shop}`, whatever else the route holds.
     let key = [("idempotency-key", "k-1")];
     let shop = post_json(&format!("{base}/north/orders/9"), &key, r#"{"amount": 5}"#).await;
-    assert_eq!((shop.status, shop.replayed, shop.body.as_str()), (201, false, "north:5"));
+    assert_eq!(
+        (shop.status, shop.replayed, shop.body.as_str()),
+        (201, false, "north:5")
+    );
     let again = post_json(&format!("{base}/north/orders/10"), &key, r#"{"amount": 5}"#).await;
     assert_eq!((again.status, again.replayed), (201, true));
     let south = post_json(&format!("{base}/south/orders/9"), &key, r#"{"amount": 5}"#).await;
@@ -213,13 +224,28 @@ async fn scopes_over_sockets<DB: Routes>(harness: impl AsyncFn(Policy) -> Harnes
     let url = format!("{base}/me/orders");
     let anonymous = post_json(&url, &key, r#"{"amount": 5}"#).await;
     assert_eq!(anonymous.status, 401);
-    let ann = [("authorization", "Bearer acme:ann"), ("idempotency-key", "k-p")];
+    let ann = [
+        ("authorization", "Bearer acme:ann"),
+        ("idempotency-key", "k-p"),
+    ];
     let by_ann = post_json(&url, &ann, r#"{"amount": 5}"#).await;
-    assert_eq!((by_ann.status, by_ann.replayed, by_ann.body.as_str()), (201, false, "ann@acme:5"));
-    let bob = [("authorization", "Bearer acme:bob"), ("idempotency-key", "k-p")];
+    assert_eq!(
+        (by_ann.status, by_ann.replayed, by_ann.body.as_str()),
+        (201, false, "ann@acme:5")
+    );
+    let bob = [
+        ("authorization", "Bearer acme:bob"),
+        ("idempotency-key", "k-p"),
+    ];
     let by_bob = post_json(&url, &bob, r#"{"amount": 5}"#).await;
-    assert_eq!((by_bob.status, by_bob.replayed, by_bob.body.as_str()), (201, true, "ann@acme:5"));
-    let zed = [("authorization", "Bearer globex:zed"), ("idempotency-key", "k-p")];
+    assert_eq!(
+        (by_bob.status, by_bob.replayed, by_bob.body.as_str()),
+        (201, true, "ann@acme:5")
+    );
+    let zed = [
+        ("authorization", "Bearer globex:zed"),
+        ("idempotency-key", "k-p"),
+    ];
     let by_zed = post_json(&url, &zed, r#"{"amount": 5}"#).await;
     assert_eq!((by_zed.status, by_zed.replayed), (201, false));
 }

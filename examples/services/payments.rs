@@ -357,10 +357,7 @@ async fn charge<DB: Ledger>(
 /// The rules a well-formed body must also meet; breaking one is a
 /// deterministic 422, stored and replayed.
 fn validate(request: &PaymentRequest) -> Result<(), Problem> {
-    let invalid = |detail: String| {
-        Err(Problem::new(422, "Invalid payment")
-            .with_detail(detail))
-    };
+    let invalid = |detail: String| Err(Problem::new(422, "Invalid payment").with_detail(detail));
     if request.amount_cents <= 0 {
         return invalid(format!(
             "amount_cents must be a positive integer, got {}; send a new request with a new Idempotency-Key",
@@ -423,7 +420,10 @@ async fn openapi_json() -> Response {
         .build();
     let list = OperationBuilder::new()
         .operation_id(Some("listPayments"))
-        .response("200", ResponseBuilder::new().description("The tenant's payments"))
+        .response(
+            "200",
+            ResponseBuilder::new().description("The tenant's payments"),
+        )
         .build();
     let mut payments = PathItem::new(HttpMethod::Post, create);
     payments.get = Some(list);

@@ -179,7 +179,12 @@ struct PurgeArgs {
 #[derive(Debug, Args)]
 struct MigrateArgs {
     /// The store: a postgres:// URL, a sqlite: URL or a SQLite file path.
-    #[arg(long, value_name = "URL", env = "IDEM_STORE", required_unless_present = "sql")]
+    #[arg(
+        long,
+        value_name = "URL",
+        env = "IDEM_STORE",
+        required_unless_present = "sql"
+    )]
     store: Option<StoreSpec>,
     /// Apply nothing; exit 1 if migrations are pending.
     #[arg(long, conflicts_with = "sql")]
@@ -490,7 +495,9 @@ async fn run_migrate(cli: &Cli, args: &MigrateArgs) -> Result<u8, Failure> {
         return Ok(OK);
     }
     let Some(spec) = &args.store else {
-        return Err(Failure::Usage("idem migrate needs --store URL or --sql BACKEND".to_owned()));
+        return Err(Failure::Usage(
+            "idem migrate needs --store URL or --sql BACKEND".to_owned(),
+        ));
     };
     let mode = if args.check {
         OpenMode::Existing

@@ -253,7 +253,10 @@ where
         return Err(MigrateError::Dirty(*version));
     }
     for migration in up_migrations::<DB>() {
-        match applied.iter().find(|(version, _, _)| *version == migration.version) {
+        match applied
+            .iter()
+            .find(|(version, _, _)| *version == migration.version)
+        {
             Some((_, checksum, _)) if **checksum != *migration.checksum => {
                 return Err(MigrateError::VersionMismatch(migration.version));
             }
@@ -300,7 +303,10 @@ where
             .bind(version)
             .execute(&mut *tx)
             .await?;
-        tracing::info!(version, "moved idem's migration record from {SQLX_TABLE} to {TABLE}");
+        tracing::info!(
+            version,
+            "moved idem's migration record from {SQLX_TABLE} to {TABLE}"
+        );
     }
     tx.commit().await?;
     Ok(())
@@ -336,6 +342,10 @@ where
     .execute(&mut *tx)
     .await?;
     tx.commit().await?;
-    tracing::info!(version = migration.version, description, "applied idem migration");
+    tracing::info!(
+        version = migration.version,
+        description,
+        "applied idem migration"
+    );
     Ok(())
 }

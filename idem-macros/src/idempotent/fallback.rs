@@ -42,9 +42,9 @@ pub(crate) fn stand_in(http: bool, mut function: syn::ItemFn, errors: TokenStrea
     // whatever order the reported function has.
     let mut ordered: Vec<&FnArg> = sig.inputs.iter().collect();
     if http {
-        ordered.sort_by_key(|input| {
-            matches!(input, FnArg::Typed(typed) if body_extractor(&typed.ty).is_some())
-        });
+        ordered.sort_by_key(
+            |input| matches!(input, FnArg::Typed(typed) if body_extractor(&typed.ty).is_some()),
+        );
     }
     let inputs = ordered.into_iter().map(|input| match input {
         FnArg::Typed(typed) if is_connection(&typed.ty) => {

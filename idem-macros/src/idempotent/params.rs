@@ -253,7 +253,14 @@ pub(crate) fn is_connection(ty: &Type) -> bool {
 /// `Bytes`, ...), if it is one.
 pub(crate) fn body_extractor(ty: &Type) -> Option<String> {
     const BODY_EXTRACTORS: &[&str] = &[
-        "Json", "Form", "Bytes", "String", "Body", "Request", "Multipart", "RawForm",
+        "Json",
+        "Form",
+        "Bytes",
+        "String",
+        "Body",
+        "Request",
+        "Multipart",
+        "RawForm",
     ];
     let Type::Path(path) = peel(ty) else {
         return None;

@@ -79,6 +79,7 @@ pub use linger::{LINGER_MAX_BYTES, LINGER_MAX_TIME};
 
 pub use response::{into_stored, into_stored_keeping, respond, KeptHeaders, IDEMPOTENT_REPLAYED};
 pub use scope::{
-    HeaderScope, PathScope, PrincipalScope, ScopeHeaderName, ScopePathParam, ScopeRejection, XTenantId,
+    HeaderScope, PathScope, PrincipalScope, ScopeHeaderName, ScopePathParam, ScopeRejection,
+    XTenantId,
 };
 pub use trace::{operation_span, record_outcome};

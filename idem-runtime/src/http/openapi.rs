@@ -149,7 +149,11 @@ pub fn document_operation(operation: &mut Operation) {
             response = response.header(
                 "Retry-After",
                 HeaderBuilder::new()
-                    .schema(ObjectBuilder::new().schema_type(Type::Integer).minimum(Some(1)))
+                    .schema(
+                        ObjectBuilder::new()
+                            .schema_type(Type::Integer)
+                            .minimum(Some(1)),
+                    )
                     .description(Some("Seconds to wait before retrying with the same key."))
                     .build(),
             );

@@ -10,7 +10,11 @@ use crate::problem::Problem;
 /// repository named by `Cargo.toml`.
 macro_rules! problem_type {
     ($anchor:literal) => {
-        concat!(env!("CARGO_PKG_REPOSITORY"), "/blob/main/docs/PROBLEMS.md#", $anchor)
+        concat!(
+            env!("CARGO_PKG_REPOSITORY"),
+            "/blob/main/docs/PROBLEMS.md#",
+            $anchor
+        )
     };
 }
 pub(crate) use problem_type;
@@ -35,8 +39,7 @@ pub mod types {
     /// No `Idempotency-Key` header where the route requires one (400).
     pub const KEY_MISSING: &str = problem_type!("idempotency-key-missing");
     /// An `Idempotency-Key` header that is not 1-255 visible ASCII characters (400).
-    pub const KEY_MALFORMED: &str =
-        problem_type!("idempotency-key-malformed");
+    pub const KEY_MALFORMED: &str = problem_type!("idempotency-key-malformed");
     /// The key was used before with a different request (422).
     pub const KEY_REUSED: &str = problem_type!("idempotency-key-reused");
     /// Another attempt with the key is still running (409).
@@ -54,8 +57,7 @@ pub mod types {
     /// The body is larger than the route accepts (413).
     pub const BODY_TOO_LARGE: &str = problem_type!("body-too-large");
     /// The body was not sent as `application/json` (415).
-    pub const UNSUPPORTED_MEDIA_TYPE: &str =
-        problem_type!("unsupported-media-type");
+    pub const UNSUPPORTED_MEDIA_TYPE: &str = problem_type!("unsupported-media-type");
     /// RFC 9457's default: the status code says it all.
     pub const ABOUT_BLANK: &str = crate::problem::ABOUT_BLANK;
 }
@@ -131,7 +133,10 @@ mod tests {
                 page_url,
                 concat!(env!("CARGO_PKG_REPOSITORY"), "/blob/main/docs/PROBLEMS.md")
             );
-            assert!(page.contains(&format!("\n## {anchor}\n")), "no section {anchor}");
+            assert!(
+                page.contains(&format!("\n## {anchor}\n")),
+                "no section {anchor}"
+            );
         }
     }
 }
