@@ -88,7 +88,10 @@ async fn place_order(
     // across retries, so a retried attempt cannot enqueue a second copy.
     let message = outbox::Message::to("nats", "orders.created")
         .json(&event)
-        .map_err(|error| Problem::new(500, "event not encodable").with_detail(error.to_string()))?
+        .map_err(|error| {
+            Problem::new(500, "Event not encodable")
+                .with_detail(format!("The event could not be encoded: {error}."))
+        })?
         .for_step(&key, ORDER_CREATED)
         .scope(&Scope::tenant(&tenant));
     outbox::enqueue(&mut *tx, &message).await?;
@@ -117,9 +120,10 @@ async fn bill_order(
     key: IdempotencyKey,
     #[fingerprint] message: Message,
 ) -> Result<i64, Problem> {
-    let event: OrderCreated = message
-        .json()
-        .map_err(|error| Problem::new(422, "not an order event").with_detail(error.to_string()))?;
+    let event: OrderCreated = message.json().map_err(|error| {
+        Problem::new(422, "Not an order event")
+            .with_detail(format!("The message is not an order event: {error}."))
+    })?;
     let invoice: i64 = sqlx::query_scalar(
         "INSERT INTO invoices (order_id, amount_cents, event_id) VALUES (?1, ?2, ?3) RETURNING id",
     )

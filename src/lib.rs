@@ -231,9 +231,9 @@ pub use idem_macros::steps;
 /// are stored and replayed; 5xx errors, panics, timeouts and dropped futures
 /// roll back. A `T` that cannot be stored, an `E` without `ErrorStatus` or a
 /// request without `Fingerprint` is a compile error pointing at that type and
-/// saying what to derive or implement (`tests/ui/idempotent/fail/` has each message).
+/// saying what to derive or implement.
 ///
-/// The expansion, roughly (`idem-macros/snapshots/` has the exact text):
+/// The expansion, roughly:
 ///
 /// ```text
 /// async fn charge(engine: &Engine<Sqlite>, tenant_id: String, key: IdempotencyKey, req: ChargeRequest)
@@ -257,8 +257,20 @@ pub use idem_macros::steps;
 /// header, the return type is anything `IntoResponse`, and the wrapper returns
 /// `axum::response::Response`. The *rendered* response is what is stored, so
 /// a replay is byte-identical to the first answer (plus
-/// `Idempotent-Replayed: true`). Keep the transaction parameter before the body
-/// extractor, as axum requires of every parts extractor.
+/// `Idempotent-Replayed: true`).
+///
+/// - The JSON body is taken as [`http::Json`], never `axum::Json`, which is
+///   a compile error on its type: axum's own rejections are a plain-text 400,
+///   or a 422 a client cannot tell from idem's reused-key 422, where
+///   `http::Json` answers problem details before anything is claimed.
+///   Refusing rather than converting keeps the handler's signature saying
+///   what runs.
+/// - The body extractor (`#[fingerprint] Json(req): Json<Req>`, `Form`,
+///   `Bytes`, ...) is the last parameter, as axum requires; elsewhere it is a
+///   compile error on that parameter.
+/// - An error in the attribute is reported alone: the macro then emits a
+///   stand-in with the handler's signature, so the `.route(..)` that takes
+///   it still compiles.
 ///
 /// # Example
 ///

@@ -336,14 +336,14 @@ async fn deterministic_client_error_is_stored_and_replayed<DB: TestBackend>(
             .engine
             .run(&op, async move |_tx| {
                 runs.fetch_add(1, Ordering::SeqCst);
-                Err::<i64, _>(Problem::new(402, "card declined").with_detail("use another card"))
+                Err::<i64, _>(Problem::new(402, "Card declined").with_detail("Use another card."))
             })
             .await
             .unwrap();
         assert_eq!(done.via, expected);
         assert_eq!(
             done.value,
-            Err(Problem::new(402, "card declined").with_detail("use another card"))
+            Err(Problem::new(402, "Card declined").with_detail("Use another card."))
         );
     }
     assert_eq!(runs.load(Ordering::SeqCst), 1);

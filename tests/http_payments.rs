@@ -545,6 +545,97 @@ async fn refuses_to_start_with_undeclared_live_steps(db: TestDb) {
     }
 }
 
+/// A client that writes a whole oversized body before reading gets the 413,
+/// not a broken pipe: the server reads and discards the rest of the body
+/// (up to a bound) before it answers and closes.
+async fn oversized_body_written_whole_gets_its_413(db: TestDb) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let svc = serve(&db, Config::default()).await;
+    let address = svc.base.trim_start_matches("http://").to_owned();
+    // 8 MiB: 128 times the route's limit, more than loopback socket buffers hold.
+    let body = format!(
+        "{{\"amount_cents\": 100, \"currency\": \"EUR\", \"destination\": \"{}\"}}",
+        "x".repeat(128 * payments::DEFAULT_BODY_LIMIT)
+    );
+    for attempt in 0..3 {
+        let mut socket = tokio::net::TcpStream::connect(&address).await.unwrap();
+        let head = format!(
+            "POST /payments HTTP/1.1\r\nhost: {address}\r\ncontent-type: application/json\r\n\
+             x-tenant-id: acme\r\nidempotency-key: k-big-{attempt}\r\ncontent-length: {}\r\n\r\n",
+            body.len()
+        );
+        socket.write_all(head.as_bytes()).await.unwrap();
+        socket
+            .write_all(body.as_bytes())
+            .await
+            .expect("the server reads the whole body before closing");
+        let mut answer = Vec::new();
+        let mut buffer = [0u8; 4096];
+        loop {
+            match socket.read(&mut buffer).await {
+                Ok(0) => break,
+                Ok(n) => {
+                    answer.extend_from_slice(&buffer[..n]);
+                    if answer.windows(4).any(|w| w == b"\r\n\r\n") {
+                        break;
+                    }
+                }
+                Err(error) => panic!("reading the answer: {error}"),
+            }
+        }
+        let answer = String::from_utf8_lossy(&answer);
+        assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
+        assert!(answer.contains("application/problem+json"), "{answer}");
+    }
+    assert_eq!(svc.count("acme").await, 0);
+}
+
+/// `GET /openapi.json` documents `POST /payments` as idempotent.
+async fn openapi_document(db: TestDb) {
+    let svc = serve(&db, Config::default()).await;
+    let reply = svc
+        .http
+        .send(
+            axum::http::Method::GET,
+            &format!("{}/openapi.json", svc.base),
+            &[],
+            None,
+        )
+        .await
+        .expect("GET /openapi.json");
+    assert_eq!(reply.status, 200, "{reply:?}");
+    let api = reply.json();
+    let create = &api["paths"]["/payments"]["post"];
+    let key = &create["parameters"][0];
+    assert_eq!(key["name"], "Idempotency-Key");
+    assert_eq!(key["in"], "header");
+    assert_eq!(key["required"], true);
+    assert!(create["responses"]["201"]["headers"]["Idempotent-Replayed"].is_object());
+    for status in ["400", "409", "422", "503"] {
+        let problem = &create["responses"][status];
+        assert!(problem.is_object(), "{status}: {create}");
+    }
+    for status in ["400", "409", "503"] {
+        assert_eq!(
+            create["responses"][status]["content"]["application/problem+json"]["schema"]["$ref"],
+            "#/components/schemas/Problem"
+        );
+    }
+    assert!(create["responses"]["409"]["headers"]["Retry-After"].is_object());
+    // The example's own 422 stays as it documented it.
+    assert!(create["responses"]["422"]["description"]
+        .as_str()
+        .unwrap()
+        .contains("invalid"));
+    assert_eq!(
+        api["components"]["schemas"]["Problem"]["required"],
+        json!(["type", "title", "status"])
+    );
+    // Other operations are left alone.
+    assert!(api["paths"]["/payments"]["get"]["parameters"].is_null());
+}
+
 /// Each test body once per store.
 macro_rules! on_backend {
     ($backend:ident, $db:expr) => {
@@ -556,6 +647,14 @@ macro_rules! on_backend {
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn keys_and_bodies() {
                 super::keys_and_bodies($db).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn oversized_body_written_whole_gets_its_413() {
+                super::oversized_body_written_whole_gets_its_413($db).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn openapi_document() {
+                super::openapi_document($db).await
             }
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn cross_tenant() {

@@ -11,14 +11,14 @@ use axum::extract::{DefaultBodyLimit, FromRef, FromRequestParts, State};
 use axum::http::request::Parts;
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post, MethodRouter};
+use axum::routing::{get, post};
 use axum::Router;
 use idem::http::Json;
 use idem::Policy;
 use idem::Problem;
 use idem::{idempotent, Backend, Engine, Fingerprint, IdempotencyKey};
 use serde::{Deserialize, Serialize};
-use sqlx::{PgConnection, Pool, Postgres, Sqlite, SqliteConnection};
+use sqlx::{Pool, Postgres, Sqlite};
 
 use fault::FaultPoint;
 
@@ -106,8 +106,6 @@ pub trait Ledger: Backend {
     ) -> impl Future<Output = sqlx::Result<Vec<Payment>>> + Send;
     /// One round trip to the database.
     fn ping(pool: &Pool<Self>) -> impl Future<Output = sqlx::Result<()>> + Send;
-    /// `POST /payments`: this backend's `#[idempotent(http)]` handler.
-    fn create_route() -> MethodRouter<AppState<Self>>;
 }
 
 const CREATE_TABLE: &str = "CREATE TABLE IF NOT EXISTS payments (
@@ -121,12 +119,8 @@ const CREATE_TABLE: &str = "CREATE TABLE IF NOT EXISTS payments (
 
 /// The same SQL runs on both backends (`$n` placeholders work on SQLite too).
 macro_rules! ledger {
-    ($db:ty, $create:ident) => {
+    ($db:ty) => {
         impl Ledger for $db {
-            fn create_route() -> MethodRouter<AppState<Self>> {
-                post($create)
-            }
-
             async fn create_table(pool: &Pool<Self>) -> sqlx::Result<()> {
                 sqlx::query(CREATE_TABLE).execute(pool).await.map(drop)
             }
@@ -173,8 +167,8 @@ macro_rules! ledger {
     };
 }
 
-ledger!(Sqlite, create_payment_sqlite);
-ledger!(Postgres, create_payment_postgres);
+ledger!(Sqlite);
+ledger!(Postgres);
 
 /// The store behind a payments service: a SQLite file or a Postgres database.
 #[derive(Debug, Clone)]
@@ -272,8 +266,12 @@ impl<DB: Backend> FromRef<AppState<DB>> for Engine<DB> {
 /// The payments routes over `engine`.
 pub fn router<DB: Ledger>(engine: Engine<DB>, config: Config) -> Router {
     Router::new()
-        .route("/payments", DB::create_route().get(list_payments::<DB>))
+        .route(
+            "/payments",
+            post(create_payment::<DB>).get(list_payments::<DB>),
+        )
         .route("/healthz", get(healthz::<DB>))
+        .route("/openapi.json", get(openapi_json))
         .layer(axum::middleware::from_fn_with_state(
             config.allow_faults,
             fault::layer,
@@ -282,31 +280,23 @@ pub fn router<DB: Ledger>(engine: Engine<DB>, config: Config) -> Router {
         .with_state(AppState { engine, config })
 }
 
-/// `POST /payments` on one backend: `#[idempotent(http)]` handlers need a
-/// concrete connection type, so the macro below writes one per backend, each
-/// a thin shell around [`charge`].
+/// `POST /payments`, one handler for both backends (`DB` is SQLite or
+/// Postgres; the router mounts `create_payment::<DB>`).
 ///
 /// Every extractor (tenant, key, fault plan, body) runs before the claim, so
 /// a malformed request is refused with nothing stored. The body runs after
 /// the claim, inside its transaction; the macro renders and stores the
 /// response and commits it with the payment, or rolls back on a 5xx.
-macro_rules! create_payment {
-    ($handler:ident, $db:ty, $connection:ty) => {
-        #[idempotent(http, scope = "tenant", step = CREATE_PAYMENT)]
-        async fn $handler(
-            tx: &mut $connection,
-            Tenant(tenant): Tenant,
-            key: IdempotencyKey,
-            faults: fault::Faults,
-            #[fingerprint] Json(request): Json<PaymentRequest>,
-        ) -> Response {
-            charge::<$db>(tx, &tenant, &request, &faults).await
-        }
-    };
+#[idempotent(http, scope = "tenant", step = CREATE_PAYMENT)]
+async fn create_payment<DB: Ledger>(
+    tx: &mut DB::Connection,
+    Tenant(tenant): Tenant,
+    key: IdempotencyKey,
+    faults: fault::Faults,
+    #[fingerprint] Json(request): Json<PaymentRequest>,
+) -> Response {
+    charge::<DB>(tx, &tenant, &request, &faults).await
 }
-
-create_payment!(create_payment_sqlite, Sqlite, SqliteConnection);
-create_payment!(create_payment_postgres, Postgres, PgConnection);
 
 /// The business write of `POST /payments`, in the claim's transaction. The
 /// fault points `after-claim` and `after-business-write` are here; the
@@ -356,11 +346,7 @@ async fn charge<DB: Ledger>(
 /// The rules a well-formed body must also meet; breaking one is a
 /// deterministic 422, stored and replayed.
 fn validate(request: &PaymentRequest) -> Result<(), Problem> {
-    let invalid = |detail: String| {
-        Err(Problem::new(422, "Invalid payment")
-            .with_type("https://idem-rs.github.io/idem/problems#invalid-payment")
-            .with_detail(detail))
-    };
+    let invalid = |detail: String| Err(Problem::new(422, "Invalid payment").with_detail(detail));
     if request.amount_cents <= 0 {
         return invalid(format!(
             "amount_cents must be a positive integer, got {}; send a new request with a new Idempotency-Key",
@@ -400,6 +386,44 @@ async fn list_payments<DB: Ledger>(
     }
 }
 
+/// `GET /openapi.json`: the API's OpenAPI document; `POST /payments` is
+/// documented as idempotent (its `Idempotency-Key` header,
+/// `Idempotent-Replayed` on its answers, idem's problem responses).
+async fn openapi_json() -> Response {
+    use idem::http::openapi::{self, utoipa};
+    use utoipa::openapi::path::{HttpMethod, OperationBuilder, PathItem, PathsBuilder};
+    use utoipa::openapi::{InfoBuilder, OpenApiBuilder, ResponseBuilder};
+
+    let create = OperationBuilder::new()
+        .operation_id(Some("createPayment"))
+        .summary(Some("Create a payment, once per Idempotency-Key"))
+        .response(
+            "201",
+            ResponseBuilder::new().description("The payment; its URL in Location"),
+        )
+        .response(
+            "422",
+            ResponseBuilder::new()
+                .description("The key was reused with another request, or the payment is invalid"),
+        )
+        .build();
+    let list = OperationBuilder::new()
+        .operation_id(Some("listPayments"))
+        .response(
+            "200",
+            ResponseBuilder::new().description("The tenant's payments"),
+        )
+        .build();
+    let mut payments = PathItem::new(HttpMethod::Post, create);
+    payments.get = Some(list);
+    let mut api = OpenApiBuilder::new()
+        .info(InfoBuilder::new().title("payments").version("1").build())
+        .paths(PathsBuilder::new().path("/payments", payments))
+        .build();
+    openapi::document(&mut api, "/payments", HttpMethod::Post);
+    axum::Json(api).into_response()
+}
+
 /// `GET /healthz`: 200 when the store answers within a second, 503 when not.
 async fn healthz<DB: Ledger>(State(state): State<AppState<DB>>) -> Response {
     match tokio::time::timeout(Duration::from_secs(1), DB::ping(state.engine.pool())).await {
@@ -429,7 +453,6 @@ impl<S: Send + Sync> FromRequestParts<S> for Tenant {
         match tenant {
             Some(tenant) if !tenant.is_empty() && tenant.len() <= 255 => Ok(Tenant(tenant.to_owned())),
             _ => Err(Problem::new(400, "X-Tenant-Id header missing")
-                .with_type("https://idem-rs.github.io/idem/problems#tenant-missing")
                 .with_detail("Send the tenant this request acts for in the X-Tenant-Id header (1 to 255 visible ASCII characters).")),
         }
     }

@@ -178,11 +178,28 @@ struct PurgeArgs {
 
 #[derive(Debug, Args)]
 struct MigrateArgs {
-    #[command(flatten)]
-    store: StoreArg,
+    /// The store: a postgres:// URL, a sqlite: URL or a SQLite file path.
+    #[arg(
+        long,
+        value_name = "URL",
+        env = "IDEM_STORE",
+        required_unless_present = "sql"
+    )]
+    store: Option<StoreSpec>,
     /// Apply nothing; exit 1 if migrations are pending.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "sql")]
     check: bool,
+    /// Print idem's schema for BACKEND as one SQL script and exit, touching
+    /// no database: for teams that migrate with other tools.
+    #[arg(long, value_name = "BACKEND")]
+    sql: Option<SqlBackend>,
+}
+
+/// The backend whose SQL `idem migrate --sql` prints.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum SqlBackend {
+    Sqlite,
+    Postgres,
 }
 
 #[derive(Debug, Args)]
@@ -467,7 +484,21 @@ async fn run_purge(cli: &Cli, args: &PurgeArgs) -> Result<u8, Failure> {
 }
 
 async fn run_migrate(cli: &Cli, args: &MigrateArgs) -> Result<u8, Failure> {
-    let spec = &args.store.store;
+    if let Some(backend) = args.sql {
+        print!(
+            "{}",
+            match backend {
+                SqlBackend::Sqlite => idem_runtime::migrations::sql::<sqlx::Sqlite>(),
+                SqlBackend::Postgres => idem_runtime::migrations::sql::<sqlx::Postgres>(),
+            }
+        );
+        return Ok(OK);
+    }
+    let Some(spec) = &args.store else {
+        return Err(Failure::Usage(
+            "idem migrate needs --store URL or --sql BACKEND".to_owned(),
+        ));
+    };
     let mode = if args.check {
         OpenMode::Existing
     } else {

@@ -8,6 +8,7 @@
 //! idem keys delete --store URL --key K --scope TENANT [--yes]
 //! idem purge       --store URL [--batch N] [--dry-run]
 //! idem migrate     --store URL [--check]
+//! idem migrate     --sql sqlite|postgres
 //! idem steps       --store NAME=URL ... [--declared a.v1,b.v2] [--declared-by BINARY]
 //! idem outbox status  --store URL [--max-age 5m]
 //! idem outbox list    --store URL [--state pending|sent|dead] [--limit N]

@@ -185,6 +185,18 @@ on_both!(
 );
 
 async fn migrate_reports_pending_then_applies(kind: Kind) {
+    // The schema as SQL, for other migration tools: no store needed.
+    let (backend, script) = match kind {
+        Kind::Sqlite => ("sqlite", idem_runtime::migrations::sql::<Sqlite>()),
+        Kind::Postgres => ("postgres", idem_runtime::migrations::sql::<Postgres>()),
+    };
+    let out = idem(&["migrate", "--sql", backend]);
+    assert_eq!(code(&out), 0, "{}", text(&out));
+    assert_eq!(String::from_utf8(out.stdout).unwrap(), script);
+    assert!(script.contains("CREATE TABLE IF NOT EXISTS idempotency_keys"));
+    let out = idem(&["migrate"]);
+    assert_eq!(code(&out), 2, "{}", text(&out));
+
     let stores = empty_stores(kind).await;
     if let Kind::Sqlite = kind {
         // A path that is not there is not created by a check.

@@ -19,7 +19,10 @@ pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
 
 /// The problem `type` idem answers a 409 with while another attempt with the
 /// same key is still running.
-pub const IN_PROGRESS_PROBLEM: &str = "https://idem-rs.github.io/idem/problems#request-in-progress";
+pub const IN_PROGRESS_PROBLEM: &str = concat!(
+    env!("CARGO_PKG_REPOSITORY"),
+    "/blob/main/docs/PROBLEMS.md#request-in-progress"
+);
 
 /// The retrying middleware for [`reqwest_middleware`].
 ///

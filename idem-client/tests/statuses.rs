@@ -244,3 +244,13 @@ async fn replays_are_reported() {
     assert!(response.replayed());
     assert_eq!(response.attempts(), 1);
 }
+
+/// The in-progress problem type the middleware retries on is the one idem's
+/// servers answer with.
+#[test]
+fn in_progress_problem_type_is_the_servers() {
+    assert_eq!(
+        idem_client::IN_PROGRESS_PROBLEM,
+        idem_runtime::http::problem::types::IN_PROGRESS
+    );
+}

@@ -4,6 +4,7 @@ async fn create_order(
     key: IdempotencyKey,
     __idem_arg3: Json<NewOrder>,
 ) -> ::idem::__private::axum::response::Response {
+    ::idem::__private::http::idem_json::<Json<NewOrder>>();
     ::idem::__private::inventory::submit! {
         ::idem::__private::StepUse::new(::idem::__private::step_name(steps::CREATE_ORDER),
         ::idem::__private::Location { item :

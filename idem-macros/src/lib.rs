@@ -22,28 +22,22 @@ mod snapshots;
 
 use proc_macro::TokenStream;
 
-/// Runs an `async fn` under an idempotency key: claim, business write, stored
-/// outcome, commit; or replay.
-///
-/// See `idem::idempotent` for the signature transformation and examples.
+/// The attribute's implementation lives in the `idem-macros` crate; the code
+/// it generates reaches the runtime only through `idem`.
 #[proc_macro_attribute]
 pub fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
     idempotent::idempotent(args.into(), item.into()).into()
 }
 
-/// Derives `Fingerprint` with the canonical encoding: fields by name, `None`
-/// left out, `#[fingerprint(skip)]` fields never counted.
-///
-/// See `idem::Fingerprint` for the attributes and examples.
+/// The derive's implementation lives in the `idem-macros` crate; the code it
+/// generates reaches the runtime only through `idem`.
 #[proc_macro_derive(Fingerprint, attributes(fingerprint))]
 pub fn derive_fingerprint(input: TokenStream) -> TokenStream {
     fingerprint::derive(input.into()).into()
 }
 
-/// Declares step constants (`pub const CHARGE_CARD = "charge-card.v1";`),
-/// checks each name at compile time and registers it for `idem::registry`.
-///
-/// See `idem::steps` for examples.
+/// The macro's implementation lives in the `idem-macros` crate; the code it
+/// generates reaches the runtime only through `idem`.
 #[proc_macro]
 pub fn steps(input: TokenStream) -> TokenStream {
     steps::steps(input.into()).into()

@@ -197,6 +197,21 @@ pub mod http {
     use crate::outcome::{Outcome, ReplayError, StoredResponse, StoredStatuses};
     use crate::{Answer, IdemError};
 
+    /// The body extractors an idempotent handler may spell `Json`: idem's,
+    /// whose rejections are problem details decided before the claim.
+    #[diagnostic::on_unimplemented(
+        message = "an idempotent handler takes its JSON body as `idem::http::Json`, not `{Self}`",
+        label = "use `idem::http::Json<..>` here",
+        note = "`axum::Json` answers a bad body with axum's plain-text 400, or with a 422 a client cannot tell from \
+                idem's reused-key 422; `idem::http::Json` answers each with an `application/problem+json` body"
+    )]
+    pub trait IdemJson {}
+
+    impl<T> IdemJson for crate::http::Json<T> {}
+
+    /// Compiles only for [`IdemJson`] types.
+    pub fn idem_json<J: IdemJson>() {}
+
     /// A handler's rendered response and whether its status is stored.
     pub struct HttpOutcome {
         response: StoredResponse,

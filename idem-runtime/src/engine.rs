@@ -266,14 +266,12 @@ impl<DB: Backend> Engine<DB> {
     }
 
     /// Applies idem's migrations. Safe to call on every start: applied
-    /// migrations are skipped, and migrations the application applies to the
-    /// same database with its own migrator are ignored.
-    pub async fn migrate(&self) -> Result<(), sqlx::migrate::MigrateError>
-    where
-        for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
-        DB::Connection: sqlx::migrate::Migrate,
-    {
-        DB::migrator().run(&self.pool).await
+    /// migrations are skipped. idem keeps its own bookkeeping table
+    /// (`_idem_migrations`), so the application's own `sqlx::migrate!()`
+    /// migrations run beside them, before or after, untouched; see
+    /// [`crate::migrations`].
+    pub async fn migrate(&self) -> Result<(), sqlx::migrate::MigrateError> {
+        DB::run_migrations(&self.pool).await
     }
 
     /// The engine's counters.

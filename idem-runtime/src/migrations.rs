@@ -1,14 +1,59 @@
-//! idem's schema migrations, embedded per backend, and which of them a
-//! database still lacks.
+//! idem's schema migrations: embedded per backend, applied with their own
+//! bookkeeping table, and available as plain SQL for other migration tools.
 //!
 //! [`Engine::migrate`](crate::Engine::migrate) applies them; [`pending`]
 //! answers "does this database need a migration?" without writing anything,
-//! for deploy pipelines (`idem migrate --check`).
+//! for deploy pipelines (`idem migrate --check`); [`sql`] is the whole schema
+//! as one script.
+//!
+//! # Beside the application's own migrations
+//!
+//! idem records what it applied in its own table, [`TABLE`]
+//! (`_idem_migrations`, the same columns as sqlx's `_sqlx_migrations`), so an
+//! application's `sqlx::migrate!().run(&pool)` on the same database never
+//! sees idem's versions, and idem never sees the application's. Either may run
+//! first, on every start, with no flags.
+//!
+//! A database migrated by an earlier idem kept idem's versions in
+//! `_sqlx_migrations`, where the application's migrator refuses them
+//! (`VersionMissing`). The first [`Engine::migrate`](crate::Engine::migrate)
+//! moves those rows, and only those (same version and same checksum as one of
+//! idem's migrations), into [`TABLE`]; the application's rows stay.
+//!
+//! On Postgres, idem holds its own advisory lock while it migrates, so
+//! replicas starting together apply each migration once.
+//!
+//! The application's `sqlx::migrate!()` needs a direct `sqlx` dependency (the
+//! same 0.8 release): the macro's expansion names the crate `::sqlx`, which a
+//! re-export such as `idem::sqlx` cannot stand in for.
 
-use sqlx::migrate::{Migrate, MigrateError, Migrator};
-use sqlx::{Executor, Pool};
+use std::time::Instant;
 
-use crate::store::Backend;
+use sqlx::migrate::{MigrateError, Migration, Migrator};
+use sqlx::{Connection, Executor, Pool, Row};
+
+use crate::store::{Backend, Store};
+
+/// The table where idem records the migrations it applied.
+pub const TABLE: &str = "_idem_migrations";
+
+/// Where sqlx's own migrator keeps its records (and earlier idem releases
+/// kept idem's).
+const SQLX_TABLE: &str = "_sqlx_migrations";
+
+/// The statements that differ between backends; named only by the sealed
+/// backend trait.
+#[doc(hidden)]
+#[derive(Debug)]
+pub struct Dialect {
+    /// Creates [`TABLE`] if it is missing.
+    pub(crate) create_table: &'static str,
+    /// One row, one `BIGINT` column: how many tables named `$1` the
+    /// connection sees.
+    pub(crate) count_tables: &'static str,
+    /// Taken before migrating, released after (Postgres: an advisory lock).
+    pub(crate) lock: Option<(&'static str, &'static str)>,
+}
 
 /// The embedded migrations of backend `DB`.
 ///
@@ -18,6 +63,36 @@ use crate::store::Backend;
 /// ```
 pub fn migrator<DB: Backend>() -> &'static Migrator {
     DB::migrator()
+}
+
+/// idem's whole schema for backend `DB` as one SQL script, oldest migration
+/// first, each under a `-- idem migration <version>: <description>` comment:
+/// for teams that apply schema changes with another tool (Flyway, Liquibase,
+/// Atlas, plain `psql`). The same text is printed by
+/// `idem migrate --sql sqlite|postgres`.
+///
+/// A database set up this way must not also run
+/// [`Engine::migrate`](crate::Engine::migrate): it would find no bookkeeping
+/// rows in [`TABLE`] and apply the statements again. Apply each new
+/// migration of a later idem release the same way.
+///
+/// ```
+/// let script = idem_runtime::migrations::sql::<sqlx::Postgres>();
+/// assert!(script.contains("CREATE TABLE"));
+/// assert!(script.contains("-- idem migration 20261201000001: idempotency keys"));
+/// ```
+pub fn sql<DB: Backend>() -> String {
+    let mut script = String::new();
+    for migration in up_migrations::<DB>() {
+        script.push_str(&format!(
+            "-- idem migration {}: {}\n{}\n",
+            migration.version,
+            migration.description,
+            migration.sql.trim_end()
+        ));
+        script.push('\n');
+    }
+    script
 }
 
 /// One of idem's migrations a database has not applied.
@@ -31,8 +106,9 @@ pub struct PendingMigration {
 
 /// idem's migrations that `pool`'s database has not applied yet, oldest
 /// first; empty when it is up to date. Reads only: a database that has never
-/// been migrated (no `_sqlx_migrations` table) lacks them all. Migrations the
-/// application keeps in the same table are ignored.
+/// been migrated lacks them all, and idem's versions an earlier release
+/// recorded in `_sqlx_migrations` count as applied (the next
+/// [`Engine::migrate`](crate::Engine::migrate) moves them).
 ///
 /// ```no_run
 /// # async fn demo(pool: sqlx::SqlitePool) -> Result<(), sqlx::migrate::MigrateError> {
@@ -42,25 +118,234 @@ pub struct PendingMigration {
 /// }
 /// # Ok(()) }
 /// ```
-pub async fn pending<DB: Backend>(pool: &Pool<DB>) -> Result<Vec<PendingMigration>, MigrateError>
-where
-    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
-    DB::Connection: Migrate,
-{
-    let mut conn = pool.acquire().await?;
-    let applied = match conn.list_applied_migrations().await {
-        Ok(applied) => applied,
-        // The database answered but has no migrations table.
-        Err(MigrateError::Execute(sqlx::Error::Database(_))) => Vec::new(),
-        Err(error) => return Err(error),
-    };
-    Ok(migrator::<DB>()
+pub async fn pending<DB: Backend>(pool: &Pool<DB>) -> Result<Vec<PendingMigration>, MigrateError> {
+    DB::pending_migrations(pool).await
+}
+
+fn up_migrations<DB: Backend>() -> impl Iterator<Item = &'static Migration> {
+    DB::migrator()
         .iter()
         .filter(|m| m.migration_type.is_up_migration())
-        .filter(|m| !applied.iter().any(|a| a.version == m.version))
+}
+
+/// The versions and checksums recorded in `table`, or none when it does not
+/// exist.
+async fn recorded<DB: Store>(
+    conn: &mut DB::Connection,
+    table: &str,
+) -> Result<Vec<(i64, Vec<u8>, bool)>, MigrateError>
+where
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    for<'q> <DB as sqlx::Database>::Arguments<'q>: sqlx::IntoArguments<'q, DB>,
+    for<'q> &'q str: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    for<'r> i64: sqlx::Decode<'r, DB> + sqlx::Type<DB>,
+    for<'r> Vec<u8>: sqlx::Decode<'r, DB> + sqlx::Type<DB>,
+    for<'r> bool: sqlx::Decode<'r, DB> + sqlx::Type<DB>,
+    usize: sqlx::ColumnIndex<DB::Row>,
+{
+    let tables: i64 = sqlx::query(DB::MIGRATION_DIALECT.count_tables)
+        .bind(table)
+        .fetch_one(&mut *conn)
+        .await?
+        .try_get(0)?;
+    if tables == 0 {
+        return Ok(Vec::new());
+    }
+    let rows = sqlx::query(&format!(
+        "SELECT version, checksum, success FROM {table} ORDER BY version"
+    ))
+    .fetch_all(&mut *conn)
+    .await?;
+    rows.iter()
+        .map(|row| Ok((row.try_get(0)?, row.try_get(1)?, row.try_get(2)?)))
+        .collect::<Result<_, sqlx::Error>>()
+        .map_err(MigrateError::from)
+}
+
+/// Whether `(version, checksum)` is one of idem's migrations, exactly.
+fn is_ours<DB: Backend>(version: i64, checksum: &[u8]) -> bool {
+    up_migrations::<DB>().any(|m| m.version == version && *m.checksum == *checksum)
+}
+
+/// [`pending`] for a backend whose column types sqlx knows.
+pub(crate) async fn pending_on<DB: Backend>(
+    pool: &Pool<DB>,
+) -> Result<Vec<PendingMigration>, MigrateError>
+where
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    for<'q> <DB as sqlx::Database>::Arguments<'q>: sqlx::IntoArguments<'q, DB>,
+    for<'q> &'q str: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    for<'r> i64: sqlx::Decode<'r, DB> + sqlx::Type<DB>,
+    for<'r> Vec<u8>: sqlx::Decode<'r, DB> + sqlx::Type<DB>,
+    for<'r> bool: sqlx::Decode<'r, DB> + sqlx::Type<DB>,
+    usize: sqlx::ColumnIndex<DB::Row>,
+{
+    let mut conn = pool.acquire().await?;
+    let mut applied: Vec<i64> = recorded::<DB>(&mut conn, TABLE)
+        .await?
+        .into_iter()
+        .filter(|(_, _, success)| *success)
+        .map(|(version, _, _)| version)
+        .collect();
+    applied.extend(
+        recorded::<DB>(&mut conn, SQLX_TABLE)
+            .await?
+            .into_iter()
+            .filter(|(version, checksum, success)| *success && is_ours::<DB>(*version, checksum))
+            .map(|(version, _, _)| version),
+    );
+    Ok(up_migrations::<DB>()
+        .filter(|m| !applied.contains(&m.version))
         .map(|m| PendingMigration {
             version: m.version,
             description: m.description.to_string(),
         })
         .collect())
+}
+
+/// [`Engine::migrate`](crate::Engine::migrate) for a backend whose column
+/// types sqlx knows: lock, adopt idem's rows from `_sqlx_migrations`, apply
+/// what is missing, unlock (also after a failure).
+pub(crate) async fn run_on<DB: Backend>(pool: &Pool<DB>) -> Result<(), MigrateError>
+where
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    for<'q> <DB as sqlx::Database>::Arguments<'q>: sqlx::IntoArguments<'q, DB>,
+    for<'q> &'q str: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    for<'q> i64: sqlx::Encode<'q, DB>,
+    for<'q> &'q [u8]: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    for<'r> i64: sqlx::Decode<'r, DB> + sqlx::Type<DB>,
+    for<'r> Vec<u8>: sqlx::Decode<'r, DB> + sqlx::Type<DB>,
+    for<'r> bool: sqlx::Decode<'r, DB> + sqlx::Type<DB>,
+    usize: sqlx::ColumnIndex<DB::Row>,
+{
+    let mut conn = pool.acquire().await?;
+    if let Some((lock, _)) = DB::MIGRATION_DIALECT.lock {
+        conn.execute(lock).await?;
+    }
+    let result = apply_missing::<DB>(&mut conn).await;
+    if let Some((_, unlock)) = DB::MIGRATION_DIALECT.lock {
+        if let Err(error) = conn.execute(unlock).await {
+            // A session lock must not go back to the pool with the connection.
+            conn.detach();
+            return result.and(Err(error.into()));
+        }
+    }
+    result
+}
+
+async fn apply_missing<DB: Backend>(conn: &mut DB::Connection) -> Result<(), MigrateError>
+where
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    for<'q> <DB as sqlx::Database>::Arguments<'q>: sqlx::IntoArguments<'q, DB>,
+    for<'q> &'q str: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    for<'q> i64: sqlx::Encode<'q, DB>,
+    for<'q> &'q [u8]: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    for<'r> i64: sqlx::Decode<'r, DB> + sqlx::Type<DB>,
+    for<'r> Vec<u8>: sqlx::Decode<'r, DB> + sqlx::Type<DB>,
+    for<'r> bool: sqlx::Decode<'r, DB> + sqlx::Type<DB>,
+    usize: sqlx::ColumnIndex<DB::Row>,
+{
+    conn.execute(DB::MIGRATION_DIALECT.create_table).await?;
+    adopt_from_sqlx_table::<DB>(conn).await?;
+
+    let applied = recorded::<DB>(conn, TABLE).await?;
+    if let Some((version, _, _)) = applied.iter().find(|(_, _, success)| !success) {
+        return Err(MigrateError::Dirty(*version));
+    }
+    for migration in up_migrations::<DB>() {
+        match applied
+            .iter()
+            .find(|(version, _, _)| *version == migration.version)
+        {
+            Some((_, checksum, _)) if **checksum != *migration.checksum => {
+                return Err(MigrateError::VersionMismatch(migration.version));
+            }
+            Some(_) => {}
+            None => apply::<DB>(conn, migration).await?,
+        }
+    }
+    Ok(())
+}
+
+/// Moves the rows an earlier idem wrote into `_sqlx_migrations` (idem's
+/// versions with idem's checksums) into [`TABLE`], in one transaction.
+async fn adopt_from_sqlx_table<DB: Backend>(conn: &mut DB::Connection) -> Result<(), MigrateError>
+where
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    for<'q> <DB as sqlx::Database>::Arguments<'q>: sqlx::IntoArguments<'q, DB>,
+    for<'q> &'q str: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    for<'q> i64: sqlx::Encode<'q, DB>,
+    for<'r> i64: sqlx::Decode<'r, DB> + sqlx::Type<DB>,
+    for<'r> Vec<u8>: sqlx::Decode<'r, DB> + sqlx::Type<DB>,
+    for<'r> bool: sqlx::Decode<'r, DB> + sqlx::Type<DB>,
+    usize: sqlx::ColumnIndex<DB::Row>,
+{
+    let ours: Vec<i64> = recorded::<DB>(conn, SQLX_TABLE)
+        .await?
+        .into_iter()
+        .filter(|(version, checksum, success)| *success && is_ours::<DB>(*version, checksum))
+        .map(|(version, _, _)| version)
+        .collect();
+    if ours.is_empty() {
+        return Ok(());
+    }
+    let mut tx = Connection::begin(&mut *conn).await?;
+    for version in ours {
+        sqlx::query(&format!(
+            "INSERT INTO {TABLE} (version, description, installed_on, success, checksum, execution_time) \
+             SELECT version, description, installed_on, success, checksum, execution_time \
+             FROM {SQLX_TABLE} WHERE version = $1 ON CONFLICT (version) DO NOTHING"
+        ))
+        .bind(version)
+        .execute(&mut *tx)
+        .await?;
+        sqlx::query(&format!("DELETE FROM {SQLX_TABLE} WHERE version = $1"))
+            .bind(version)
+            .execute(&mut *tx)
+            .await?;
+        tracing::info!(
+            version,
+            "moved idem's migration record from {SQLX_TABLE} to {TABLE}"
+        );
+    }
+    tx.commit().await?;
+    Ok(())
+}
+
+/// Runs one migration and records it, in one transaction.
+async fn apply<DB: Backend>(
+    conn: &mut DB::Connection,
+    migration: &Migration,
+) -> Result<(), MigrateError>
+where
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    for<'q> <DB as sqlx::Database>::Arguments<'q>: sqlx::IntoArguments<'q, DB>,
+    for<'q> &'q str: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    for<'q> i64: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    for<'q> &'q [u8]: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+{
+    let started = Instant::now();
+    let mut tx = Connection::begin(&mut *conn).await?;
+    tx.execute(&*migration.sql)
+        .await
+        .map_err(|error| MigrateError::ExecuteMigration(error, migration.version))?;
+    let description: &str = &migration.description;
+    let checksum: &[u8] = &migration.checksum;
+    sqlx::query(&format!(
+        "INSERT INTO {TABLE} (version, description, success, checksum, execution_time) \
+         VALUES ($1, $2, TRUE, $3, $4)"
+    ))
+    .bind(migration.version)
+    .bind(description)
+    .bind(checksum)
+    .bind(i64::try_from(started.elapsed().as_nanos()).unwrap_or(i64::MAX))
+    .execute(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    tracing::info!(
+        version = migration.version,
+        description,
+        "applied idem migration"
+    );
+    Ok(())
 }

@@ -13,7 +13,7 @@ use crate::outcome::ErrorStatus;
 ///
 /// ```
 /// use idem_runtime::{ErrorStatus, Problem};
-/// let declined = Problem::new(402, "card declined").with_detail("use another card");
+/// let declined = Problem::new(402, "Card declined").with_detail("Use another card.");
 /// assert_eq!(declined.status(), 402);
 /// assert_eq!(declined.type_, "about:blank");
 /// ```
@@ -69,6 +69,21 @@ impl Problem {
     }
 }
 
+/// `text` as a problem detail: first letter capitalised, ending in a full
+/// stop, whatever the error's own `Display` (lower case, by Rust's
+/// convention) says.
+pub(crate) fn sentence(text: &str) -> String {
+    let mut chars = text.trim().chars();
+    let mut out: String = match chars.next() {
+        Some(first) => first.to_uppercase().chain(chars).collect(),
+        None => return String::new(),
+    };
+    if !out.ends_with(['.', '!', '?']) {
+        out.push('.');
+    }
+    out
+}
+
 // Not listed in "the trait is implemented for" hints, which would quote this
 // line in users' compile errors; the `ErrorStatus` note names `Problem`.
 #[diagnostic::do_not_recommend]
@@ -81,7 +96,7 @@ impl ErrorStatus for Problem {
 impl From<sqlx::Error> for Problem {
     /// A database error during the work is transient: 503, rolled back.
     fn from(error: sqlx::Error) -> Self {
-        Problem::new(503, "database unavailable").with_detail(error.to_string())
+        Problem::new(503, "Database unavailable").with_detail(sentence(&error.to_string()))
     }
 }
 

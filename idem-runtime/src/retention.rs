@@ -3,7 +3,7 @@
 //! Records live for the policy's retention (`expires_at`); an expired record
 //! is already treated as absent by every claim, so purging only reclaims
 //! space. The table holds about *keyed requests per second × retention* rows
-//! (a day of 50 requests/s is 4.3 M rows); `docs/OPERATIONS.md` has the
+//! (a day of 50 requests/s is 4.3 M rows); [OPERATIONS.md](https://github.com/idem-rs/idem/blob/main/docs/OPERATIONS.md) has the
 //! measured bytes per row on each backend.
 //!
 //! [`Engine::purge_expired`] deletes in short batches, oldest first, pausing

@@ -67,8 +67,14 @@ pub(crate) fn wrapper(args: &Args, function: &syn::ItemFn, analysis: Analysis) -
         .map(|policy| quote!(let #op = ::idem::__private::Operation::with_policy(#op, #policy);));
     let body = body(args, function, &analysis, &locals, &user_ret, &engine_ref);
     let step = &locals.step;
+    let json_checks = if args.http {
+        json_checks(&analysis)
+    } else {
+        TokenStream::new()
+    };
     quote! {
         #signature {
+            #json_checks
             #registration
             let #step: &'static str = #step_expr;
             #operation
@@ -138,6 +144,25 @@ fn signature(
         #(#attrs)*
         #vis #constness async #unsafety #abi fn #ident #generics(#(#inputs),*) -> #output #where_clause
     }
+}
+
+/// In a handler, every parameter spelled `Json<..>` must be idem's `Json`,
+/// whose rejections are problem details: `axum::Json` is refused with one
+/// error on its type, naming the fix.
+fn json_checks(analysis: &Analysis) -> TokenStream {
+    analysis
+        .params
+        .iter()
+        .flatten()
+        .filter(|param| match peel(&param.ty) {
+            Type::Path(path) => path.path.segments.last().is_some_and(|s| s.ident == "Json"),
+            _ => false,
+        })
+        .map(|param| {
+            let ty = &param.ty;
+            quote_spanned!(type_span(ty)=> ::idem::__private::http::idem_json::<#ty>();)
+        })
+        .collect()
 }
 
 /// Registers the step's use by this function, for `idem::registry`.
@@ -354,7 +379,7 @@ fn policy(args: &Args, engine: &TokenStream) -> Option<TokenStream> {
 }
 
 /// The database of the engine that replaces a `&mut <Connection>` parameter.
-fn database_of(ty: &Type) -> TokenStream {
+pub(crate) fn database_of(ty: &Type) -> TokenStream {
     let Type::Reference(reference) = peel(ty) else {
         unreachable!("checked: a `&mut` connection")
     };

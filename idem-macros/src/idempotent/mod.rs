@@ -3,10 +3,10 @@
 
 mod attr;
 mod expand;
+mod fallback;
 mod params;
 
 use proc_macro2::TokenStream;
-use quote::ToTokens;
 
 use crate::errors::Errors;
 
@@ -25,6 +25,7 @@ pub(crate) fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
         }
     };
     let mut errors = Errors::new();
+    let raw_args = args.clone();
     let args = syn::parse::Parser::parse2(
         |input: syn::parse::ParseStream<'_>| attr::parse(input, &mut errors),
         args,
@@ -36,20 +37,19 @@ pub(crate) fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
         .and_then(|args| params::analyse(args, &mut function, &mut errors));
     match (errors.check(), args, analysis) {
         (Ok(()), Some(args), Some(analysis)) => expand::wrapper(&args, &function, analysis),
-        (reported, ..) => {
-            // Report everything, and keep the function as written (minus the
-            // `#[fingerprint]` markers) so its own code is still checked and
-            // no cascade of unrelated errors follows.
-            params::strip_markers(&mut function);
-            // The function is not wrapped, so its key and scope parameters look unused.
-            function
-                .attrs
-                .push(syn::parse_quote!(#[allow(unused_variables)]));
-            let mut out = reported.err().unwrap_or_default();
-            function.to_tokens(&mut out);
-            out
+        (reported, args, _) => {
+            // Report everything, plus a stand-in with the wrapper's signature.
+            let http = args.map_or_else(|| names_http(&raw_args), |args| args.http);
+            fallback::stand_in(http, function, reported.err().unwrap_or_default())
         }
     }
+}
+
+/// Whether unparsable arguments still say `http`.
+fn names_http(args: &TokenStream) -> bool {
+    args.clone()
+        .into_iter()
+        .any(|token| matches!(token, proc_macro2::TokenTree::Ident(ident) if ident == "http"))
 }
 
 /// The span of the keyword that says what the item is (`struct`, `impl`, ...),

@@ -164,6 +164,35 @@ pub(crate) fn analyse(
         ));
     }
 
+    // axum runs a handler's extractors in order, and only the last may take
+    // the body: a body-consuming request anywhere else is refused here, on
+    // the parameter, rather than as a wall of `Handler` errors at `.route(..)`.
+    if args.http {
+        let last = function
+            .sig
+            .inputs
+            .iter()
+            .rposition(|input| matches!(input, FnArg::Typed(_)));
+        if let (Some(index), Some(last)) = (request, last) {
+            if index != last {
+                if let (Some(FnArg::Typed(typed)), Some(extractor)) = (
+                    function.sig.inputs.iter().nth(index),
+                    params[index].as_ref().and_then(|p| body_extractor(&p.ty)),
+                ) {
+                    errors.push(syn::Error::new_spanned(
+                        typed,
+                        format!(
+                            "this `#[fingerprint]` parameter reads the request body (`{extractor}`), so it must be the \
+                             handler's last parameter: axum runs extractors in order and only the last one may consume \
+                             the body (`FromRequest`); every other parameter reads only the request's parts \
+                             (`FromRequestParts`). Move it to the end"
+                        ),
+                    ));
+                }
+            }
+        }
+    }
+
     let mut scope = Vec::new();
     for name in args.scope.iter().flatten() {
         let wanted = name.value();
@@ -205,7 +234,7 @@ pub(crate) fn analyse(
 }
 
 /// `&mut SqliteConnection`, `&mut PgConnection`, `&mut DB::Connection`, ...
-fn is_connection(ty: &Type) -> bool {
+pub(crate) fn is_connection(ty: &Type) -> bool {
     match peel(ty) {
         Type::Reference(reference) if reference.mutability.is_some() => match peel(&reference.elem)
         {
@@ -218,6 +247,26 @@ fn is_connection(ty: &Type) -> bool {
         },
         _ => false,
     }
+}
+
+/// The name of the body-consuming axum extractor a type is (`Json`, `Form`,
+/// `Bytes`, ...), if it is one.
+pub(crate) fn body_extractor(ty: &Type) -> Option<String> {
+    const BODY_EXTRACTORS: &[&str] = &[
+        "Json",
+        "Form",
+        "Bytes",
+        "String",
+        "Body",
+        "Request",
+        "Multipart",
+        "RawForm",
+    ];
+    let Type::Path(path) = peel(ty) else {
+        return None;
+    };
+    let name = path.path.segments.last()?.ident.to_string();
+    BODY_EXTRACTORS.contains(&name.as_str()).then_some(name)
 }
 
 /// `IdempotencyKey` or a reference to it.

@@ -6,6 +6,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde::de::DeserializeOwned;
 
+use super::linger::{discard_rest, Returning};
 use super::problem::types;
 use super::trace::record_rejected;
 use crate::problem::Problem;
@@ -14,7 +15,12 @@ use crate::problem::Problem;
 /// `application/problem+json` answer before the handler (and so before any
 /// claim) runs, so nothing is stored for it:
 ///
-/// - larger than the route's [`DefaultBodyLimit`](axum::extract::DefaultBodyLimit): 413;
+/// - larger than the route's [`DefaultBodyLimit`](axum::extract::DefaultBodyLimit): 413,
+///   after reading and discarding the rest of the body (at most
+///   [`LINGER_MAX_BYTES`](super::LINGER_MAX_BYTES) within
+///   [`LINGER_MAX_TIME`](super::LINGER_MAX_TIME)), so a client that writes
+///   its whole body before reading gets the answer rather than a reset
+///   connection;
 /// - not JSON, or JSON of the wrong shape (a missing field, a string for a number): 400;
 /// - no `Content-Type: application/json`: 415.
 ///
@@ -47,10 +53,17 @@ where
     type Rejection = JsonRejection;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
-        match axum::Json::<T>::from_request(req, state).await {
-            Ok(axum::Json(value)) => Ok(Json(value)),
-            Err(rejection) => Err(JsonRejection(rejection)),
+        let (parts, body) = req.into_parts();
+        let (body, rest) = Returning::wrap(body);
+        let rejection =
+            match axum::Json::<T>::from_request(Request::from_parts(parts, body), state).await {
+                Ok(axum::Json(value)) => return Ok(Json(value)),
+                Err(rejection) => rejection,
+            };
+        if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            discard_rest(&rest).await;
         }
+        Err(JsonRejection(rejection))
     }
 }
 

@@ -44,7 +44,7 @@ impl IntoResponse for KeyRejection {
         };
         Problem::new(400, title)
             .with_type(type_)
-            .with_detail(self.to_string())
+            .with_detail(super::problem::sentence(&self.to_string()))
             .into_response()
     }
 }

@@ -21,6 +21,11 @@
 //! - [`IdemError`](crate::IdemError) renders as 422 / 409 + `Retry-After` /
 //!   503 + `Retry-After` / 504 / 500, each an `application/problem+json` body
 //!   (RFC 9457) whose `detail` tells the client what to do.
+//! - [`HeaderScope`], [`PathScope`] and [`PrincipalScope`] extract the scope
+//!   a key lives in from a header, a named path segment, or the
+//!   authenticated principal (your type, implementing
+//!   [`ScopePart`](crate::ScopePart)); name them in
+//!   `#[idempotent(http, scope = "...")]`.
 //! - [`operation_span`] opens the per-request `tracing` span (scope, step, a
 //!   short hash of the key, never the key) whose `outcome` [`respond`] records.
 //!
@@ -60,12 +65,21 @@ mod error;
 mod fingerprint;
 mod json;
 mod key;
+mod linger;
+#[cfg(feature = "openapi")]
+pub mod openapi;
 pub mod problem;
 mod response;
+mod scope;
 mod trace;
 
 pub use json::{Json, JsonRejection};
 pub use key::{parse_header_value, KeyRejection, IDEMPOTENCY_KEY};
+pub use linger::{LINGER_MAX_BYTES, LINGER_MAX_TIME};
 
 pub use response::{into_stored, into_stored_keeping, respond, KeptHeaders, IDEMPOTENT_REPLAYED};
+pub use scope::{
+    HeaderScope, PathScope, PrincipalScope, ScopeHeaderName, ScopePathParam, ScopeRejection,
+    XTenantId,
+};
 pub use trace::{operation_span, record_outcome};

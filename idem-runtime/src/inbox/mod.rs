@@ -38,7 +38,7 @@
 //!             .bind(&message.payload)
 //!             .execute(&mut *tx)
 //!             .await
-//!             .map_err(|_| Problem::new(503, "database unavailable"))?;
+//!             .map_err(|_| Problem::new(503, "Database unavailable"))?;
 //!         Ok::<_, Problem>(())
 //!     })
 //!     .await;

@@ -122,7 +122,7 @@ impl BatchReport {
 ///                     .bind(&message.payload)
 ///                     .execute(&mut *tx)
 ///                     .await
-///                     .map_err(|_| Problem::new(503, "database unavailable"))?;
+///                     .map_err(|_| Problem::new(503, "Database unavailable"))?;
 ///                 Ok::<_, Problem>(())
 ///             })
 ///             .await

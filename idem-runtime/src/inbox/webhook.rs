@@ -27,7 +27,7 @@ use serde::Serialize;
 use super::{Consumer, Inbox, InboxBackend, Message, Verdict};
 use crate::engine::{Answer, Engine};
 use crate::error::IdemError;
-use crate::http::problem::{types, with_retry_after};
+use crate::http::problem::{sentence, types, with_retry_after};
 use crate::http::IDEMPOTENT_REPLAYED;
 use crate::key::IdempotencyKey;
 use crate::outcome::{ErrorStatus, StoredResponse};
@@ -37,9 +37,9 @@ use crate::signature::{
 };
 
 /// The problem type of a refused signature.
-pub const BAD_SIGNATURE: &str = "https://idem-rs.github.io/idem/problems#webhook-signature";
+pub const BAD_SIGNATURE: &str = crate::http::problem::problem_type!("webhook-signature");
 /// The problem type of a poisoned delivery without a stored answer.
-pub const POISONED: &str = "https://idem-rs.github.io/idem/problems#webhook-poisoned";
+pub const POISONED: &str = crate::http::problem::problem_type!("webhook-poisoned");
 
 /// Receives signed webhooks into an [`Inbox`].
 ///
@@ -137,11 +137,11 @@ impl<DB: InboxBackend> WebhookReceiver<DB> {
         match checked {
             Ok(id) => Ok(Message::new(id, body.to_vec()).source(self.inbox.consumer().name())),
             Err(error) => Err(Box::new(
-                Problem::new(401, "webhook signature refused")
+                Problem::new(401, "Webhook signature refused")
                     .with_type(BAD_SIGNATURE)
-                    .with_detail(format!(
+                    .with_detail(sentence(&format!(
                         "{error}; nothing was processed or stored. Sign the request per the Standard Webhooks specification"
-                    ))
+                    )))
                     .into_response(),
             )),
         }
@@ -200,16 +200,16 @@ pub fn render(verdict: Verdict) -> Response {
             response
         }
         Verdict::Busy { retry_after } => with_retry_after(
-            Problem::new(409, "webhook delivery in progress")
+            Problem::new(409, "Webhook delivery in progress")
                 .with_type(types::IN_PROGRESS)
-                .with_detail("another delivery of this webhook-id is being processed; retry later")
+                .with_detail("Another delivery of this webhook-id is being processed; retry later.")
                 .into_response(),
             retry_after,
         ),
         Verdict::Retry { error, retry_after } => with_retry_after(
-            Problem::new(503, "webhook delivery failed")
+            Problem::new(503, "Webhook delivery failed")
                 .with_type(types::STORE_UNAVAILABLE)
-                .with_detail(format!("{error}; nothing was kept, retry later"))
+                .with_detail(sentence(&format!("{error}; nothing was kept, retry later")))
                 .into_response(),
             retry_after,
         ),
@@ -220,14 +220,14 @@ pub fn render(verdict: Verdict) -> Response {
         Verdict::Poisoned {
             error,
             response: None,
-        } => Problem::new(422, "webhook delivery rejected")
+        } => Problem::new(422, "Webhook delivery rejected")
             .with_type(POISONED)
-            .with_detail(error)
+            .with_detail(sentence(&error))
             .into_response(),
-        Verdict::Mismatch => Problem::new(422, "webhook-id reused")
+        Verdict::Mismatch => Problem::new(422, "Webhook-id reused")
             .with_type(types::KEY_REUSED)
             .with_detail(
-                "this webhook-id was already delivered with a different body; send a new id for a new event",
+                "This webhook-id was already delivered with a different body; send a new id for a new event.",
             )
             .into_response(),
     }

@@ -100,6 +100,22 @@ mod sealed {
         /// The embedded migrations.
         fn migrator() -> &'static sqlx::migrate::Migrator;
 
+        /// The migration statements that differ between backends.
+        const MIGRATION_DIALECT: crate::migrations::Dialect;
+
+        /// Applies idem's missing migrations ([`crate::migrations`]).
+        fn run_migrations(
+            pool: &Pool<Self>,
+        ) -> impl Future<Output = Result<(), sqlx::migrate::MigrateError>> + Send + '_;
+
+        /// idem's migrations the database lacks ([`crate::migrations::pending`]).
+        fn pending_migrations(
+            pool: &Pool<Self>,
+        ) -> impl Future<
+            Output = Result<Vec<crate::migrations::PendingMigration>, sqlx::migrate::MigrateError>,
+        > + Send
+               + '_;
+
         /// Opens the claim's transaction on `conn`, takes the key's lock as
         /// `settings` say (waiting at most `policy.wait_timeout`) and reads the
         /// record under it.

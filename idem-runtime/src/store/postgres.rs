@@ -41,8 +41,8 @@ use crate::operation::Operation;
 use crate::outcome::StoredResponse;
 use crate::policy::Policy;
 
-/// Ignores migrations it does not know, so an application can keep its own
-/// sqlx migrations in the same database.
+/// idem's migrations, applied by [`crate::migrations`] with their own
+/// bookkeeping table.
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate::Migrator {
     ignore_missing: true,
     ..sqlx::migrate!("../migrations/postgres")
@@ -174,6 +174,35 @@ impl Store for Postgres {
 
     fn migrator() -> &'static sqlx::migrate::Migrator {
         &MIGRATOR
+    }
+
+    const MIGRATION_DIALECT: crate::migrations::Dialect = crate::migrations::Dialect {
+        create_table: "CREATE TABLE IF NOT EXISTS _idem_migrations (
+            version BIGINT PRIMARY KEY,
+            description TEXT NOT NULL,
+            installed_on TIMESTAMPTZ NOT NULL DEFAULT now(),
+            success BOOLEAN NOT NULL,
+            checksum BYTEA NOT NULL,
+            execution_time BIGINT NOT NULL
+        )",
+        count_tables: "SELECT COUNT(*) FROM pg_catalog.pg_tables \
+             WHERE tablename = $1 AND schemaname = ANY (current_schemas(false))",
+        // idem's own advisory lock (not sqlx's), so the application's migrator
+        // and idem's never wait for each other. The key is "idem-mig" in ASCII.
+        lock: Some((
+            "SELECT pg_advisory_lock(7594877498727753063)",
+            "SELECT pg_advisory_unlock(7594877498727753063)",
+        )),
+    };
+
+    async fn run_migrations(pool: &Pool<Self>) -> Result<(), sqlx::migrate::MigrateError> {
+        crate::migrations::run_on(pool).await
+    }
+
+    async fn pending_migrations(
+        pool: &Pool<Self>,
+    ) -> Result<Vec<crate::migrations::PendingMigration>, sqlx::migrate::MigrateError> {
+        crate::migrations::pending_on(pool).await
     }
 
     async fn lock_and_read<'a>(

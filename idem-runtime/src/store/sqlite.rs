@@ -28,8 +28,8 @@ use crate::operation::Operation;
 use crate::outcome::StoredResponse;
 use crate::policy::Policy;
 
-/// Ignores migrations it does not know, so an application can keep its own
-/// sqlx migrations in the same database.
+/// idem's migrations, applied by [`crate::migrations`] with their own
+/// bookkeeping table.
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate::Migrator {
     ignore_missing: true,
     ..sqlx::migrate!("../migrations/sqlite")
@@ -163,6 +163,29 @@ impl Store for Sqlite {
 
     fn migrator() -> &'static sqlx::migrate::Migrator {
         &MIGRATOR
+    }
+
+    const MIGRATION_DIALECT: crate::migrations::Dialect = crate::migrations::Dialect {
+        create_table: "CREATE TABLE IF NOT EXISTS _idem_migrations (
+            version BIGINT PRIMARY KEY,
+            description TEXT NOT NULL,
+            installed_on TIMESTAMP NOT NULL DEFAULT CURRENT_TIMESTAMP,
+            success BOOLEAN NOT NULL,
+            checksum BLOB NOT NULL,
+            execution_time BIGINT NOT NULL
+        )",
+        count_tables: "SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = $1",
+        lock: None,
+    };
+
+    async fn run_migrations(pool: &Pool<Self>) -> Result<(), sqlx::migrate::MigrateError> {
+        crate::migrations::run_on(pool).await
+    }
+
+    async fn pending_migrations(
+        pool: &Pool<Self>,
+    ) -> Result<Vec<crate::migrations::PendingMigration>, sqlx::migrate::MigrateError> {
+        crate::migrations::pending_on(pool).await
     }
 
     async fn lock_and_read<'a>(

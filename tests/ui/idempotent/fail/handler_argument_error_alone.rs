@@ -1,0 +1,28 @@
+// An argument error in a handler is reported alone: the route that takes the
+// handler still type-checks against a stand-in with the wrapper's signature.
+use axum::extract::Path;
+use axum::routing::post;
+use axum::Router;
+use idem::http::Json;
+use idem::sqlx::{Sqlite, SqliteConnection};
+use idem::{idempotent, Engine, Fingerprint, IdempotencyKey};
+
+#[derive(serde::Deserialize, Fingerprint)]
+struct NewOrder {
+    sku: String,
+}
+
+#[idempotent(http, scope = "tenant", step = "create-order.v1", retain = "forever")]
+async fn create_order(
+    tx: &mut SqliteConnection,
+    Path(tenant): Path<String>,
+    key: IdempotencyKey,
+    #[fingerprint] Json(order): Json<NewOrder>,
+) -> String {
+    let _ = tx;
+    format!("{tenant}/{}", order.sku)
+}
+
+fn main() {
+    let _: Router<Engine<Sqlite>> = Router::new().route("/{tenant}/orders", post(create_order));
+}
