@@ -443,6 +443,7 @@ impl<DB: Backend> Engine<DB> {
             // write lock while the work runs; a transactional one holds both.
             permit: if token.is_none() { permit } else { None },
             claimed_at: Instant::now(),
+            enqueues_seen: crate::outbox::enqueues_so_far(),
         };
         Ok(Claim::Execute(guard))
     }
@@ -475,6 +476,7 @@ impl<DB: Backend> Engine<DB> {
                 pool: self.pool.clone(),
                 permit: None,
                 claimed_at: Instant::now(),
+                enqueues_seen: crate::outbox::enqueues_so_far(),
             })),
             Err(error) => Err(unavailable(policy, error)),
         }
@@ -504,6 +506,9 @@ pub struct ClaimGuard<DB: Backend> {
     permit: Option<GatePermit>,
     /// When the claim was granted: the work's duration is measured from here.
     claimed_at: Instant,
+    /// The process's enqueue count when the claim was granted: a commit after
+    /// the work enqueued wakes the relays.
+    enqueues_seen: u64,
 }
 
 impl<DB: Backend> std::ops::Deref for ClaimGuard<DB> {
@@ -565,6 +570,7 @@ impl<DB: Backend> ClaimGuard<DB> {
             pool,
             permit: _permit,
             claimed_at: _,
+            enqueues_seen,
         } = self;
         let response = match response {
             Some(response) => response,
@@ -586,10 +592,13 @@ impl<DB: Backend> ClaimGuard<DB> {
                 .map(|()| true),
         };
         match written {
-            Ok(true) => tx
-                .commit()
-                .await
-                .map_err(|error| unavailable(&policy, error)),
+            Ok(true) => {
+                tx.commit()
+                    .await
+                    .map_err(|error| unavailable(&policy, error))?;
+                crate::outbox::wake_after_commit(enqueues_seen);
+                Ok(())
+            }
             Ok(false) => Err(IdemError::LockLost),
             Err(error) => Err(unavailable(&policy, error)),
         }
