@@ -110,6 +110,24 @@ mod sealed {
             settings: Self::Settings,
         ) -> impl Future<Output = Result<Locked<Self>, sqlx::Error>> + Send + 'a;
 
+        /// Whether a claim first tries [`Store::lock_if_fresh`] (Postgres with
+        /// advisory key locks), instead of reading the record before the lock.
+        fn fresh_first(_settings: Self::Settings) -> bool {
+            false
+        }
+
+        /// Opens the claim's transaction on `conn` holding the key's lock, in
+        /// one round trip, if the key has no record at all: `Ok(None)` (the
+        /// connection gone back to the pool, nothing held) when it has one,
+        /// completed, in progress or expired (or when the key cannot be sent
+        /// this way), which the caller then claims the usual way. Waits for a
+        /// busy lock at most `policy.wait_timeout`.
+        fn lock_if_fresh<'a>(
+            conn: PoolConnection<Self>,
+            op: &'a Operation,
+            policy: &'a Policy,
+        ) -> impl Future<Output = Result<Option<Transaction<'static, Self>>, sqlx::Error>> + Send + 'a;
+
         /// [`lookup_unlocked`](super::lookup_unlocked) for this backend.
         fn lookup_unlocked<'a>(
             conn: &'a mut Self::Connection,

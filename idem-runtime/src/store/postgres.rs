@@ -110,6 +110,27 @@ fn record(row: &PgRow) -> Result<Record, sqlx::Error> {
     })
 }
 
+/// The SQLSTATE `idem_lock_if_fresh` refuses a key with a record with.
+const HAS_RECORD: &str = "IDEMK";
+
+/// `text` as a Postgres escape-string literal (`E'…'`): backslashes and quotes
+/// escaped, so it reads the same whatever `standard_conforming_strings` says.
+/// `None` for text with a NUL, which no Postgres text can hold.
+fn literal(text: &str) -> Option<String> {
+    let mut quoted = String::with_capacity(text.len() + 4);
+    quoted.push_str("E'");
+    for c in text.chars() {
+        match c {
+            '\\' => quoted.push_str("\\\\"),
+            '\'' => quoted.push_str("''"),
+            '\0' => return None,
+            c => quoted.push(c),
+        }
+    }
+    quoted.push('\'');
+    Some(quoted)
+}
+
 /// Bounds the claim's lock waits; answers the bound it replaces.
 const BOUND_LOCK_WAIT: &str =
     "SELECT current_setting('lock_timeout'), set_config('lock_timeout', $1, true)";
@@ -204,6 +225,41 @@ impl Store for Postgres {
             record,
             holds_row: false,
         })
+    }
+
+    fn fresh_first(key_lock: KeyLock) -> bool {
+        key_lock == KeyLock::Advisory
+    }
+
+    async fn lock_if_fresh<'a>(
+        conn: PoolConnection<Self>,
+        op: &'a Operation,
+        policy: &'a Policy,
+    ) -> Result<Option<Transaction<'static, Self>>, sqlx::Error> {
+        let wait_ms = i32::try_from(millis(policy.wait_timeout))
+            .unwrap_or(i32::MAX)
+            .max(1);
+        // One simple-protocol message: the lock and the check run in its
+        // implicit transaction, which the trailing BEGIN turns into the
+        // claim's transaction (rows discarded; an error rolls all of it back
+        // and leaves the connection idle). The values travel as literals.
+        let (Some(scope), Some(key)) = (literal(op.scope.as_stored()), literal(op.key.as_str()))
+        else {
+            // Not expressible as a literal: claimed the usual way, whose
+            // bound parameters give the database's own error.
+            return Ok(None);
+        };
+        let statement = format!(
+            "SELECT idem_lock_if_fresh({}, {wait_ms}, {scope}, {key}); BEGIN",
+            op.lock_id(),
+        );
+        // sqlx's constructor for a transaction on a connection already taken
+        // from the pool, with the statement that opens it.
+        match Transaction::begin(conn, Some(statement.into())).await {
+            Ok(tx) => Ok(Some(tx)),
+            Err(sqlx::Error::Database(db)) if db.code().as_deref() == Some(HAS_RECORD) => Ok(None),
+            Err(error) => Err(error),
+        }
     }
 
     async fn lookup_unlocked<'a>(

@@ -192,6 +192,17 @@ impl Store for Sqlite {
         })
     }
 
+    async fn lock_if_fresh<'a>(
+        conn: PoolConnection<Self>,
+        op: &'a Operation,
+        policy: &'a Policy,
+    ) -> Result<Option<Transaction<'static, Self>>, sqlx::Error> {
+        // Not used by the engine on SQLite (its repeats are answered by a read
+        // that never waits for the write lock), but correct all the same.
+        let Locked { tx, record, .. } = Self::lock_and_read(conn, op, policy, ()).await?;
+        Ok(record.is_none().then_some(tx))
+    }
+
     async fn lookup_unlocked<'a>(
         conn: &'a mut SqliteConnection,
         op: &'a Operation,
