@@ -14,7 +14,7 @@ use crate::operation::Operation;
 use crate::outcome::{Outcome, ReplayError, StoredResponse};
 use crate::policy::{ClaimMode, FailureMode, Policy};
 use crate::replay_cache::ReplayCache;
-use crate::store::{Backend, Locked, Record, RecordStatus};
+use crate::store::{Backend, Fresh, Locked, Record, RecordStatus};
 
 /// How an operation's answer came about.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -410,7 +410,7 @@ impl<DB: Backend> Engine<DB> {
         // comes back and is claimed the usual way below.
         if DB::fresh_first(self.settings) {
             match DB::lock_if_fresh(conn, op, &policy).await {
-                Ok(Some(tx)) => {
+                Ok(Fresh::Locked(tx)) => {
                     let locked = Locked {
                         tx,
                         record: None,
@@ -418,7 +418,14 @@ impl<DB: Backend> Engine<DB> {
                     };
                     return self.claim_locked(op, policy, locked, None, asked).await;
                 }
-                Ok(None) => {}
+                // Read under the lock: a replay or a refusal is final; an
+                // expired record or a crashed claim is claimed below.
+                Ok(Fresh::Found(Some(record))) => match decide(Some(record), op) {
+                    Decision::Execute(_) => {}
+                    Decision::Replay(stored) => return Ok(Claim::Replay(Replay { stored })),
+                    Decision::Refuse(error) => return Err(error),
+                },
+                Ok(Fresh::Found(None)) => {}
                 Err(error) if DB::is_lock_busy(&error) => return Err(in_progress_unknown()),
                 Err(error) => return self.store_down(op, &policy, error).await,
             }

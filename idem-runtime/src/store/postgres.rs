@@ -35,7 +35,8 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgRow};
 use sqlx::{PgConnection, PgPool, Pool, Postgres, Row, Transaction};
 
 use super::{
-    encode_headers, keyed, millis, response_from_columns, Locked, Record, RecordStatus, Store,
+    encode_headers, keyed, millis, response_from_columns, Fresh, Locked, Record, RecordStatus,
+    Store,
 };
 use crate::operation::Operation;
 use crate::outcome::StoredResponse;
@@ -112,6 +113,41 @@ fn record(row: &PgRow) -> Result<Record, sqlx::Error> {
 
 /// The SQLSTATE `idem_lock_if_fresh` refuses a key with a record with.
 const HAS_RECORD: &str = "IDEMK";
+
+/// The record `idem_lock_if_fresh` sends back in its error's DETAIL.
+#[derive(serde::Deserialize)]
+struct FoundRecord {
+    status: String,
+    fingerprint: String,
+    response_status: Option<i64>,
+    response_content_type: Option<String>,
+    response_body: Option<String>,
+    expired: bool,
+    lock_left_ms: Option<i64>,
+    response_headers: Option<String>,
+}
+
+/// Decodes a DETAIL of `idem_lock_if_fresh`; `None` if it is not one.
+fn record_from_detail(detail: &str) -> Option<Record> {
+    let found: FoundRecord = serde_json::from_str(detail).ok()?;
+    let body = match found.response_body {
+        Some(hex) => Some(crate::hex::decode(&hex)?),
+        None => None,
+    };
+    let lock_left_ms = found.lock_left_ms.unwrap_or(0);
+    Some(Record {
+        status: RecordStatus::parse(&found.status),
+        fingerprint: crate::hex::decode(&found.fingerprint)?,
+        response: response_from_columns(
+            found.response_status,
+            found.response_content_type,
+            body,
+            found.response_headers,
+        ),
+        expired: found.expired,
+        lock_left: (lock_left_ms > 0).then(|| Duration::from_millis(lock_left_ms as u64)),
+    })
+}
 
 /// `text` as a Postgres escape-string literal (`E'…'`): backslashes and quotes
 /// escaped, so it reads the same whatever `standard_conforming_strings` says.
@@ -235,7 +271,7 @@ impl Store for Postgres {
         conn: PoolConnection<Self>,
         op: &'a Operation,
         policy: &'a Policy,
-    ) -> Result<Option<Transaction<'static, Self>>, sqlx::Error> {
+    ) -> Result<Fresh<Self>, sqlx::Error> {
         let wait_ms = i32::try_from(millis(policy.wait_timeout))
             .unwrap_or(i32::MAX)
             .max(1);
@@ -247,7 +283,7 @@ impl Store for Postgres {
         else {
             // Not expressible as a literal: claimed the usual way, whose
             // bound parameters give the database's own error.
-            return Ok(None);
+            return Ok(Fresh::Found(None));
         };
         let statement = format!(
             "SELECT idem_lock_if_fresh({}, {wait_ms}, {scope}, {key}); BEGIN",
@@ -256,8 +292,13 @@ impl Store for Postgres {
         // sqlx's constructor for a transaction on a connection already taken
         // from the pool, with the statement that opens it.
         match Transaction::begin(conn, Some(statement.into())).await {
-            Ok(tx) => Ok(Some(tx)),
-            Err(sqlx::Error::Database(db)) if db.code().as_deref() == Some(HAS_RECORD) => Ok(None),
+            Ok(tx) => Ok(Fresh::Locked(tx)),
+            Err(sqlx::Error::Database(db)) if db.code().as_deref() == Some(HAS_RECORD) => {
+                let detail = db
+                    .try_downcast_ref::<sqlx::postgres::PgDatabaseError>()
+                    .and_then(|pg| pg.detail());
+                Ok(Fresh::Found(detail.and_then(record_from_detail)))
+            }
             Err(error) => Err(error),
         }
     }

@@ -22,7 +22,8 @@ use sqlx::sqlite::{
 use sqlx::{Pool, Row, Sqlite, SqliteConnection, SqlitePool, Transaction};
 
 use super::{
-    encode_headers, keyed, millis, response_from_columns, Locked, Record, RecordStatus, Store,
+    encode_headers, keyed, millis, response_from_columns, Fresh, Locked, Record, RecordStatus,
+    Store,
 };
 use crate::operation::Operation;
 use crate::outcome::StoredResponse;
@@ -196,11 +197,14 @@ impl Store for Sqlite {
         conn: PoolConnection<Self>,
         op: &'a Operation,
         policy: &'a Policy,
-    ) -> Result<Option<Transaction<'static, Self>>, sqlx::Error> {
+    ) -> Result<Fresh<Self>, sqlx::Error> {
         // Not used by the engine on SQLite (its repeats are answered by a read
         // that never waits for the write lock), but correct all the same.
         let Locked { tx, record, .. } = Self::lock_and_read(conn, op, policy, ()).await?;
-        Ok(record.is_none().then_some(tx))
+        Ok(match record {
+            None => Fresh::Locked(tx),
+            found => Fresh::Found(found),
+        })
     }
 
     async fn lookup_unlocked<'a>(
