@@ -160,6 +160,16 @@ impl WriteGate {
         }
     }
 
+    /// The gate if it is free right now.
+    fn try_enter(&self, op: &Operation) -> Option<GatePermit> {
+        let permit = self.permits.clone().try_acquire_owned().ok()?;
+        *lock(&self.holder) = Some(key_of(op));
+        Some(GatePermit {
+            _permit: permit,
+            holder: self.holder.clone(),
+        })
+    }
+
     /// Waits at most `wait` for the gate; `None` when it was closed.
     async fn enter(&self, op: &Operation, wait: Duration) -> Result<Option<GatePermit>, IdemError> {
         match tokio::time::timeout(wait, self.permits.clone().acquire_owned()).await {
@@ -408,6 +418,7 @@ impl<DB: Backend> Engine<DB> {
         // A fresh key (the common case, on a backend that can) is locked and
         // its transaction opened in one round trip; a key with any record
         // comes back and is claimed the usual way below.
+        let mut read_already = false;
         if DB::fresh_first(self.settings) {
             match DB::lock_if_fresh(conn, op, &policy).await {
                 Ok(Fresh::Locked(tx)) => {
@@ -421,7 +432,7 @@ impl<DB: Backend> Engine<DB> {
                 // Read under the lock: a replay or a refusal is final; an
                 // expired record or a crashed claim is claimed below.
                 Ok(Fresh::Found(Some(record))) => match decide(Some(record), op) {
-                    Decision::Execute(_) => {}
+                    Decision::Execute(_) => read_already = true,
                     Decision::Replay(stored) => return Ok(Claim::Replay(Replay { stored })),
                     Decision::Refuse(error) => return Err(error),
                 },
@@ -435,15 +446,20 @@ impl<DB: Backend> Engine<DB> {
             };
         }
         // A repeat is a read: answered without a lock or a transaction.
-        match DB::lookup_unlocked(&mut conn, op).await {
-            Ok(record) => match decide(record, op) {
-                Decision::Execute(_) => {}
-                Decision::Replay(stored) => return Ok(Claim::Replay(Replay { stored })),
-                Decision::Refuse(error) => return Err(error),
-            },
-            Err(error) => return self.store_down(op, &policy, error).await,
+        if !read_already {
+            match DB::lookup_unlocked(&mut conn, op).await {
+                Ok(record) => match decide(record, op) {
+                    Decision::Execute(_) => {}
+                    Decision::Replay(stored) => return Ok(Claim::Replay(Replay { stored })),
+                    Decision::Refuse(error) => return Err(error),
+                },
+                Err(error) => return self.store_down(op, &policy, error).await,
+            }
         }
+        let free = self.write_gate.as_ref().and_then(|gate| gate.try_enter(op));
         let permit = match &self.write_gate {
+            // A free gate is entered with the connection in hand.
+            Some(_) if free.is_some() => free,
             Some(gate) => {
                 // Queue without holding a connection: a storm of duplicates
                 // must not drain the pool while it waits.
