@@ -202,8 +202,9 @@ mod sealed {
 
 pub(crate) use sealed::{Fresh, Locked, Record, RecordStatus, Store};
 
-/// Reads the record outside any transaction: every claim starts with this
-/// read, so replays and conflicts never take a lock or open a transaction.
+/// Reads the record outside any transaction: a claim starts with this read
+/// (after the fresh-first message, on a backend that sends one), so replays
+/// and conflicts never take a lock or open a transaction.
 pub(crate) async fn lookup_unlocked<'c, DB: Store>(
     conn: &'c mut DB::Connection,
     op: &Operation,

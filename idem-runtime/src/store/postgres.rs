@@ -8,15 +8,23 @@
 //! record is written once, just before the commit that carries the business
 //! writes: one tuple per operation, never an insert followed by an update.
 //!
-//! A repeat never locks: the engine first reads the record with one
-//! autocommit `SELECT` (a prepared statement), and a completed record with the
-//! same fingerprint is replayed from that read (a mismatch or a live
-//! in-progress claim is refused from it too). Only a key with no live record
-//! goes on to the lock, on the same connection: sqlx checks every connection
-//! returned to the pool with a round trip, so one acquisition per claim saves one.
-//! A free key's lock is taken with `pg_try_advisory_xact_lock`; only a busy
-//! one sets `lock_timeout` and waits. A key with no record gets a plain
-//! `INSERT` of its completed record; an expired or taken-over one, an upsert.
+//! A claim starts fresh-first: the engine sends `SELECT idem_lock_if_fresh(…);
+//! BEGIN` as one simple-protocol message (the lock id, the wait and the key as
+//! literals). The function takes the key's lock and checks for a record in
+//! the message's implicit transaction, which the trailing `BEGIN` turns into
+//! the claim's transaction: a fresh key is locked and its transaction open
+//! after one round trip, and the work's statements follow. A key with any
+//! record is refused with SQLSTATE `IDEMK`, which rolls the whole message back
+//! (lock included) and leaves the connection idle; the error's `DETAIL`
+//! carries the record read under the lock, so a replay, a mismatch or a live
+//! in-progress claim is answered from it, also in one round trip. Only an
+//! expired record or a crashed durable claim goes on to the full claim below
+//! (`BEGIN`, then the lock and the read in one statement). A free key's lock
+//! is taken with `pg_try_advisory_xact_lock`; only a busy one sets
+//! `lock_timeout` and waits. A key with no record gets a plain `INSERT` of its
+//! completed record; an expired or taken-over one, an upsert. The pool skips
+//! sqlx's ping before each acquire; sqlx still checks each connection it gets
+//! back with one exchange, off the request's path.
 //!
 //! With [`KeyLock::Row`], for Postgres-compatible engines without advisory
 //! locks, the key's own row is its lock instead: the claim bounds its wait
