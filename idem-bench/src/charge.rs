@@ -83,6 +83,12 @@ pub async fn through_macro<DB: Business>(
     charge(engine, tenant, key, Charge::new()).await.map(via)
 }
 
+/// The replay cache the `replay-cached` and `mixed-cached` scenarios' engine
+/// keeps: room for every key a run completes.
+pub fn replay_cache() -> idem::ReplayCache {
+    idem::ReplayCache::new(1_000_000, 256 * 1024 * 1024)
+}
+
 /// One keyed operation through [`Engine::run`].
 pub async fn keyed<DB: Business>(
     engine: &Engine<DB>,

@@ -7,7 +7,9 @@ use idem_runtime::store::sqlite::open;
 use idem_runtime::{Engine, IdemError, Policy, Problem, Via};
 use sqlx::{Sqlite, SqlitePool};
 
-use crate::charge::{keyed, through_macro, user_hash, Business, CHARGE_CARD, REQUEST};
+use crate::charge::{
+    keyed, replay_cache, through_macro, user_hash, Business, CHARGE_CARD, REQUEST,
+};
 use crate::target::{BenchError, BoxFut, Target, TENANT};
 
 const BUSINESS: &str =
@@ -48,6 +50,8 @@ fn now_ms() -> i64 {
 pub struct Lite {
     /// The pool every scenario shares.
     pub pool: SqlitePool,
+    /// The same engine keeping a replay cache.
+    cached_engine: Engine<Sqlite>,
     /// The engine over that pool.
     pub engine: Engine<Sqlite>,
     version: String,
@@ -98,6 +102,7 @@ impl Lite {
         ];
         Ok(Self {
             pool,
+            cached_engine: engine.clone().with_replay_cache(replay_cache()),
             engine,
             version,
             settings,
@@ -171,36 +176,16 @@ impl Target for Lite {
     }
 
     fn seed_sql(&self, key: String) -> BoxFut<Result<(), BenchError>> {
-        let pool = self.pool.clone();
-        Box::pin(async move {
-            let hash = user_hash();
-            let mut tx = pool.begin().await?;
-            let claimed: Option<String> = sqlx::query_scalar(SEED_CLAIM)
-                .bind(TENANT)
-                .bind(&key)
-                .bind(&hash)
-                .bind(now_ms())
-                .fetch_optional(&mut *tx)
-                .await?;
-            if claimed.is_none() {
-                tx.rollback().await?;
-                return Err(format!("seed-sql: key {key} was not fresh").into());
-            }
-            let id: i64 = sqlx::query_scalar(BUSINESS)
-                .bind(TENANT)
-                .bind(REQUEST.0)
-                .bind(REQUEST.1)
-                .fetch_one(&mut *tx)
-                .await?;
-            sqlx::query(SEED_COMPLETE)
-                .bind(TENANT)
-                .bind(&key)
-                .bind(201i64)
-                .bind(format!("{{\"payment_id\": {id}}}"))
-                .execute(&mut *tx)
-                .await?;
-            Ok(tx.commit().await?)
-        })
+        Box::pin(seed(self.pool.clone(), key, false))
+    }
+
+    fn seed_sql_or_replay(&self, key: String) -> BoxFut<Result<(), BenchError>> {
+        Box::pin(seed(self.pool.clone(), key, true))
+    }
+
+    fn idem_cached(&self, key: String, tenant: String) -> BoxFut<Result<Via, IdemError>> {
+        let engine = self.cached_engine.clone();
+        Box::pin(async move { keyed(&engine, key, tenant).await })
     }
 
     fn idem(&self, key: String, tenant: String) -> BoxFut<Result<Via, IdemError>> {
@@ -224,4 +209,49 @@ impl Target for Lite {
             )
         })
     }
+}
+
+/// The guide's SQL for one key; with `replay`, a completed key is answered
+/// from its stored row instead of failing.
+async fn seed(pool: SqlitePool, key: String, replay: bool) -> Result<(), BenchError> {
+    let hash = user_hash();
+    let mut tx = pool.begin().await?;
+    let claimed: Option<String> = sqlx::query_scalar(SEED_CLAIM)
+        .bind(TENANT)
+        .bind(&key)
+        .bind(&hash)
+        .bind(now_ms())
+        .fetch_optional(&mut *tx)
+        .await?;
+    if claimed.is_none() {
+        tx.rollback().await?;
+        if !replay {
+            return Err(format!("seed-sql: key {key} was not fresh").into());
+        }
+        // The guide's conflict path: the stored row answers the retry.
+        let (status, stored_hash, _code, _body): (String, Vec<u8>, Option<i64>, Option<String>) =
+                    sqlx::query_as("SELECT status, request_hash, response_code, response_body FROM seed_keys WHERE client_id = ?1 AND idem_key = ?2")
+                        .bind(TENANT)
+                        .bind(&key)
+                        .fetch_one(&pool)
+                        .await?;
+        if status != "completed" || stored_hash != hash {
+            return Err(format!("seed-sql: key {key} is {status}").into());
+        }
+        return Ok(());
+    }
+    let id: i64 = sqlx::query_scalar(BUSINESS)
+        .bind(TENANT)
+        .bind(REQUEST.0)
+        .bind(REQUEST.1)
+        .fetch_one(&mut *tx)
+        .await?;
+    sqlx::query(SEED_COMPLETE)
+        .bind(TENANT)
+        .bind(&key)
+        .bind(201i64)
+        .bind(format!("{{\"payment_id\": {id}}}"))
+        .execute(&mut *tx)
+        .await?;
+    Ok(tx.commit().await?)
 }

@@ -11,10 +11,12 @@
 
 mod alloc;
 mod charge;
+mod delay;
 mod fingerprint;
 mod growth;
 mod lite;
 mod measure;
+mod netdelay;
 mod outbox;
 mod pg;
 mod report;
@@ -189,6 +191,10 @@ async fn run(cfg: Config) -> Result<Report, BenchError> {
         Scenario::Idem,
         Scenario::IdemMacro,
         Scenario::Replay,
+        Scenario::ReplayCached,
+        Scenario::MixedSeedSql,
+        Scenario::Mixed,
+        Scenario::MixedCached,
     ];
     let connections = cfg
         .clients
@@ -202,11 +208,15 @@ async fn run(cfg: Config) -> Result<Report, BenchError> {
     let wants = |name: &str| cfg.only.as_deref().is_none_or(|only| only == name);
     let server = PgServer::start(pg::SETTINGS).map_err(|e| format!("starting Postgres: {e}"))?;
     let mut backends = Vec::new();
+    let mut netdelay = None;
     if wants("postgres") {
         let pg = pg::Pg::setup(&server, connections).await?;
         let mut with_row_lock = scenarios.clone();
         with_row_lock.insert(4, Scenario::IdemRowLock);
-        backends.push(backend(Arc::new(pg), &cfg, &with_row_lock, &run_id).await?);
+        backends.push(backend(Arc::new(pg.clone()), &cfg, &with_row_lock, &run_id).await?);
+        eprintln!("== postgres through a delaying proxy ==");
+        let ops = (cfg.ops / 10).clamp(10, 300);
+        netdelay = Some(netdelay::run(&pg, ops, cfg.rounds, &run_id).await?);
     }
     let dir = tempfile::Builder::new().prefix("idem-bench-").tempdir()?;
     if wants("sqlite") {
@@ -249,6 +259,7 @@ async fn run(cfg: Config) -> Result<Report, BenchError> {
         fingerprint: Some(fp),
         growth,
         outbox,
+        netdelay,
     })
 }
 
@@ -337,7 +348,13 @@ fn main() {
         .backends
         .iter()
         .flat_map(|b| b.cells.iter().map(move |c| (b, c)))
-        .filter(|(_, c)| c.errors > 0 && matches!(c.scenario, "idem" | "idem-macro" | "replay"))
+        .filter(|(_, c)| {
+            c.errors > 0
+                && matches!(
+                    c.scenario,
+                    "idem" | "idem-macro" | "replay" | "replay-cached" | "mixed" | "mixed-cached"
+                )
+        })
         .map(|(b, c)| {
             format!(
                 "{} {} at {} clients: {} errors",

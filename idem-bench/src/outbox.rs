@@ -356,14 +356,21 @@ where
                         .map_err(|e| format!("relay: {e}"))?,
                 );
             }
+            // Drained when the relays have marked every message sent (their
+            // counters, read without a query that would compete with them);
+            // the backlog is checked once afterwards.
             let deadline = Instant::now() + Duration::from_secs(600);
-            while outbox::backlog(engine).await?.pending > 0 {
+            while handles.iter().map(|h| h.stats().published).sum::<u64>() < messages {
                 if Instant::now() > deadline {
                     return Err("the relays did not drain the outbox in 10 minutes".into());
                 }
-                tokio::time::sleep(Duration::from_millis(2)).await;
+                tokio::time::sleep(Duration::from_millis(1)).await;
             }
             let elapsed = started.elapsed();
+            let left = outbox::backlog(engine).await?.pending;
+            if left > 0 {
+                return Err(format!("{relays} relays: {left} messages still pending").into());
+            }
             let mut published = 0;
             for handle in handles {
                 published += handle.shutdown().await.published;

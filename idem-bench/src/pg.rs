@@ -6,7 +6,9 @@ use idem_runtime::{Engine, IdemError, KeyLock, Policy, Problem, Via};
 use sqlx::postgres::PgConnectOptions;
 use sqlx::{PgPool, Postgres};
 
-use crate::charge::{keyed, through_macro, user_hash, Business, CHARGE_CARD, REQUEST};
+use crate::charge::{
+    keyed, replay_cache, through_macro, user_hash, Business, CHARGE_CARD, REQUEST,
+};
 use crate::target::{BenchError, BoxFut, Target, TENANT};
 
 /// Durable settings, as Postgres ships them, stated explicitly for the report.
@@ -53,21 +55,53 @@ const SEED_COMPLETE: &str =
 pub struct Pg {
     /// The pool every scenario shares.
     pub pool: PgPool,
+    /// The same engine keeping a replay cache.
+    cached_engine: Engine<Postgres>,
     /// The engine over that pool.
     pub engine: Engine<Postgres>,
     /// The same engine, its claims holding keys by row locks.
     row_lock_engine: Engine<Postgres>,
     version: String,
     settings: Vec<(String, String)>,
+    options: PgConnectOptions,
 }
 
 impl Pg {
+    /// The same database reached through another port on this host (the
+    /// delay proxy's), with a pool of its own of `connections`.
+    pub async fn through_port(&self, port: u16, connections: u32) -> Result<Self, BenchError> {
+        let options = self.options.clone().port(port);
+        let pool = pool_options(&Policy::default(), connections)
+            .connect_with(options.clone())
+            .await
+            .map_err(|e| format!("connect through port {port}: {e}"))?;
+        let engine = Engine::new(pool.clone());
+        Ok(Self {
+            pool,
+            row_lock_engine: engine.clone().with_key_lock(KeyLock::Row),
+            cached_engine: engine.clone().with_replay_cache(replay_cache()),
+            engine,
+            version: self.version.clone(),
+            settings: self.settings.clone(),
+            options,
+        })
+    }
+
+    /// The server's address.
+    pub fn address(&self) -> Result<std::net::SocketAddr, BenchError> {
+        use std::net::ToSocketAddrs;
+        (self.options.get_host(), self.options.get_port())
+            .to_socket_addrs()?
+            .next()
+            .ok_or_else(|| "the server's address does not resolve".into())
+    }
+
     /// Creates a fresh database on `server`, migrates it and opens a pool of `connections`.
     pub async fn setup(server: &PgServer, connections: u32) -> Result<Self, BenchError> {
         let url = server.fresh_database().await;
         let options: PgConnectOptions = url.parse().map_err(|e| format!("{e}"))?;
         let pool = pool_options(&Policy::default(), connections)
-            .connect_with(options)
+            .connect_with(options.clone())
             .await
             .map_err(|e| format!("connect: {e}"))?;
         let engine = Engine::new(pool.clone());
@@ -100,9 +134,11 @@ impl Pg {
         Ok(Self {
             pool,
             row_lock_engine: engine.clone().with_key_lock(KeyLock::Row),
+            cached_engine: engine.clone().with_replay_cache(replay_cache()),
             engine,
             version: server.version().await,
             settings,
+            options,
         })
     }
 }
@@ -166,35 +202,16 @@ impl Target for Pg {
     }
 
     fn seed_sql(&self, key: String) -> BoxFut<Result<(), BenchError>> {
-        let pool = self.pool.clone();
-        Box::pin(async move {
-            let hash = user_hash();
-            let mut tx = pool.begin().await?;
-            let claimed: Option<String> = sqlx::query_scalar(SEED_CLAIM)
-                .bind(TENANT)
-                .bind(&key)
-                .bind(&hash)
-                .fetch_optional(&mut *tx)
-                .await?;
-            if claimed.is_none() {
-                tx.rollback().await?;
-                return Err(format!("seed-sql: key {key} was not fresh").into());
-            }
-            let id: i64 = sqlx::query_scalar(BUSINESS)
-                .bind(TENANT)
-                .bind(REQUEST.0)
-                .bind(REQUEST.1)
-                .fetch_one(&mut *tx)
-                .await?;
-            sqlx::query(SEED_COMPLETE)
-                .bind(TENANT)
-                .bind(&key)
-                .bind(201i32)
-                .bind(format!("{{\"payment_id\": {id}}}"))
-                .execute(&mut *tx)
-                .await?;
-            Ok(tx.commit().await?)
-        })
+        Box::pin(seed(self.pool.clone(), key, false))
+    }
+
+    fn seed_sql_or_replay(&self, key: String) -> BoxFut<Result<(), BenchError>> {
+        Box::pin(seed(self.pool.clone(), key, true))
+    }
+
+    fn idem_cached(&self, key: String, tenant: String) -> BoxFut<Result<Via, IdemError>> {
+        let engine = self.cached_engine.clone();
+        Box::pin(async move { keyed(&engine, key, tenant).await })
     }
 
     fn idem(&self, key: String, tenant: String) -> BoxFut<Result<Via, IdemError>> {
@@ -223,4 +240,48 @@ impl Target for Pg {
             )
         })
     }
+}
+
+/// The guide's SQL for one key; with `replay`, a completed key is answered
+/// from its stored row instead of failing.
+async fn seed(pool: sqlx::PgPool, key: String, replay: bool) -> Result<(), BenchError> {
+    let hash = user_hash();
+    let mut tx = pool.begin().await?;
+    let claimed: Option<String> = sqlx::query_scalar(SEED_CLAIM)
+        .bind(TENANT)
+        .bind(&key)
+        .bind(&hash)
+        .fetch_optional(&mut *tx)
+        .await?;
+    if claimed.is_none() {
+        tx.rollback().await?;
+        if !replay {
+            return Err(format!("seed-sql: key {key} was not fresh").into());
+        }
+        // The guide's conflict path: the stored row answers the retry.
+        let (status, stored_hash, _code, _body): (String, Vec<u8>, Option<i64>, Option<String>) =
+                    sqlx::query_as("SELECT status, request_hash, response_code::int8, response_body::text FROM seed_keys WHERE client_id = $1 AND idem_key = $2")
+                        .bind(TENANT)
+                        .bind(&key)
+                        .fetch_one(&pool)
+                        .await?;
+        if status != "completed" || stored_hash != hash {
+            return Err(format!("seed-sql: key {key} is {status}").into());
+        }
+        return Ok(());
+    }
+    let id: i64 = sqlx::query_scalar(BUSINESS)
+        .bind(TENANT)
+        .bind(REQUEST.0)
+        .bind(REQUEST.1)
+        .fetch_one(&mut *tx)
+        .await?;
+    sqlx::query(SEED_COMPLETE)
+        .bind(TENANT)
+        .bind(&key)
+        .bind(201i32)
+        .bind(format!("{{\"payment_id\": {id}}}"))
+        .execute(&mut *tx)
+        .await?;
+    Ok(tx.commit().await?)
 }

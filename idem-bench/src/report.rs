@@ -6,6 +6,7 @@ use serde::Serialize;
 
 use crate::fingerprint::FingerprintResult;
 use crate::growth::GrowthResult;
+use crate::netdelay::NetDelayResult;
 use crate::outbox::{OutboxResult, ENQUEUE_TARGET, LATENCY_P50_TARGET_MS, RELAY_TARGET};
 use crate::storm::StormResult;
 use crate::throughput::Cell;
@@ -61,6 +62,8 @@ pub struct Report {
     pub growth: Option<GrowthResult>,
     /// The outbox scenarios.
     pub outbox: Option<OutboxResult>,
+    /// Postgres at one client through the delaying proxy.
+    pub netdelay: Option<NetDelayResult>,
 }
 
 fn throughput(b: &BackendReport, scenario: &str, clients: usize) -> Option<f64> {
@@ -92,14 +95,28 @@ pub fn ratios(backends: &[BackendReport], clients: &[usize]) -> Vec<Ratio> {
                 "unprotected",
                 (c >= 8).then_some(0.85),
             );
+            let fresh_target = if b.backend == "postgres" { 1.15 } else { 1.1 };
+            push("idem / seed-sql", "idem", "seed-sql", Some(fresh_target));
             push(
-                "idem / seed-sql",
-                "idem",
-                "seed-sql",
-                (c == 8 && b.backend == "postgres").then_some(1.4),
+                "mixed / mixed-seed-sql",
+                "mixed",
+                "mixed-seed-sql",
+                Some(1.15),
+            );
+            push(
+                "mixed-cached / mixed-seed-sql",
+                "mixed-cached",
+                "mixed-seed-sql",
+                Some(1.15),
             );
             push("idem-macro / idem", "idem-macro", "idem", Some(0.98));
-            push("replay / unprotected", "replay", "unprotected", Some(2.5));
+            push("replay / unprotected", "replay", "unprotected", Some(1.5));
+            push(
+                "replay-cached / unprotected",
+                "replay-cached",
+                "unprotected",
+                Some(10.0),
+            );
             push("seed-sql / unprotected", "seed-sql", "unprotected", None);
             push(
                 "same-writes / unprotected",
@@ -184,6 +201,27 @@ pub fn markdown(r: &Report) -> String {
         );
     }
     s.push('\n');
+    if let Some(n) = &r.netdelay {
+        let _ = writeln!(
+            s,
+            "| postgres through a {} µs each-way delay, 1 client | p50 µs |",
+            n.delay_us
+        );
+        let _ = writeln!(s, "|---|---:|");
+        for (name, p50) in &n.p50_us {
+            let _ = writeln!(s, "| {name} | {p50:.0} |");
+        }
+        let p50 = |name: &str| n.p50_us.iter().find(|(x, _)| x == name).map(|(_, v)| *v);
+        if let (Some(idem), Some(seed)) = (p50("idem"), p50("seed-sql")) {
+            let _ = writeln!(
+                s,
+                "
+idem p50 ÷ seed-sql p50 through the delay: **{:.2}** (target ≤ 1: {})\n",
+                idem / seed,
+                if idem <= seed { "met" } else { "**not met**" }
+            );
+        }
+    }
     let storms: Vec<&BackendReport> = r.backends.iter().filter(|b| b.storm.is_some()).collect();
     if !storms.is_empty() {
         let _ = writeln!(s, "| storm | keys × attempts | per-key p50 ms | per-key p99 ms | executed | replayed | 409 | errors |");

@@ -32,8 +32,15 @@ pub trait Target: Send + Sync + 'static {
     fn same_writes(&self, key: String) -> BoxFut<Result<(), BenchError>>;
     /// The guide's claim → business insert → completion UPDATE → COMMIT.
     fn seed_sql(&self, key: String) -> BoxFut<Result<(), BenchError>>;
+    /// [`Target::seed_sql`] that also takes the guide's conflict path: a key
+    /// already completed is answered from its stored row (claim refused,
+    /// rollback, read), as a careful user replays a retry.
+    fn seed_sql_or_replay(&self, key: String) -> BoxFut<Result<(), BenchError>>;
     /// The same business insert through `Engine::run`, for `tenant`.
     fn idem(&self, key: String, tenant: String) -> BoxFut<Result<Via, IdemError>>;
+    /// [`Target::idem`] through an engine that keeps a
+    /// [`idem_runtime::ReplayCache`] of what it completed.
+    fn idem_cached(&self, key: String, tenant: String) -> BoxFut<Result<Via, IdemError>>;
     /// The same through an `#[idempotent]` handler.
     fn idem_macro(&self, key: String, tenant: String) -> BoxFut<Result<Via, IdemError>>;
     /// The same through an engine whose claims hold their key by a row lock

@@ -26,8 +26,35 @@ pub enum Scenario {
     IdemMacro,
     /// The engine API with [`idem_runtime::KeyLock::Row`] (Postgres only).
     IdemRowLock,
-    /// Repeats of completed keys.
+    /// Repeats of completed keys, answered by the store (as another process
+    /// without the keys in its replay cache is answered).
     Replay,
+    /// Repeats of keys this process completed, through an engine with a
+    /// replay cache.
+    ReplayCached,
+    /// The guide's SQL on the traffic of [`Scenario::Mixed`]: retries go
+    /// through its conflict path.
+    MixedSeedSql,
+    /// 95 % fresh keys, 5 % retries of keys completed a moment before,
+    /// through the engine.
+    Mixed,
+    /// [`Scenario::Mixed`] through an engine with a replay cache.
+    MixedCached,
+}
+
+/// In the mixed scenarios, every 20th operation retries the key of the
+/// operation 19 before it (completed a moment before, or still running with
+/// many clients, when the retry waits for it).
+const RETRY_EVERY: u64 = 20;
+
+/// The key index operation `i` of a mixed scenario uses, and whether it is a
+/// retry.
+fn mixed_key(i: u64) -> (u64, bool) {
+    if i % RETRY_EVERY == RETRY_EVERY - 1 {
+        (i + 1 - RETRY_EVERY, true)
+    } else {
+        (i, false)
+    }
 }
 
 impl Scenario {
@@ -41,6 +68,10 @@ impl Scenario {
             Scenario::IdemMacro => "idem-macro",
             Scenario::IdemRowLock => "idem-row-lock",
             Scenario::Replay => "replay",
+            Scenario::ReplayCached => "replay-cached",
+            Scenario::MixedSeedSql => "mixed-seed-sql",
+            Scenario::Mixed => "mixed",
+            Scenario::MixedCached => "mixed-cached",
         }
     }
 }
@@ -66,7 +97,7 @@ pub struct Cell {
 
 /// Builds the operation for `scenario`. Keys are unique per run via `prefix`;
 /// a replay run reuses the keys its preparation completed.
-fn scenario_op(target: &Arc<dyn Target>, scenario: Scenario, prefix: String) -> OpFn {
+pub fn scenario_op(target: &Arc<dyn Target>, scenario: Scenario, prefix: String) -> OpFn {
     let t = target.clone();
     match scenario {
         Scenario::Unprotected => op(move |_| t.unprotected()),
@@ -87,8 +118,37 @@ fn scenario_op(target: &Arc<dyn Target>, scenario: Scenario, prefix: String) -> 
                 }
             }
         }),
-        Scenario::Replay => op(move |i| {
-            let fut = t.idem(format!("{prefix}-{i}"), TENANT.to_string());
+        Scenario::MixedSeedSql => op(move |i| {
+            let (k, _) = mixed_key(i);
+            t.seed_sql_or_replay(format!("{prefix}-{k}"))
+        }),
+        Scenario::Mixed | Scenario::MixedCached => op(move |i| {
+            let (k, retry) = mixed_key(i);
+            let key = format!("{prefix}-{k}");
+            let fut = if scenario == Scenario::MixedCached {
+                t.idem_cached(key, TENANT.to_string())
+            } else {
+                t.idem(key, TENANT.to_string())
+            };
+            // A key that is retried may reach the store first through its
+            // retry (many clients): then the retry executes and the first
+            // attempt replays. Keys never retried must execute.
+            let retried = retry || k % RETRY_EVERY == 0;
+            async move {
+                match (fut.await, retried) {
+                    (Ok(Via::Executed), _) | (Ok(Via::Replayed), true) => Ok(()),
+                    (Ok(via), _) => Err(format!("mixed: key {k} answered via {via}").into()),
+                    (Err(e), _) => Err(e.into()),
+                }
+            }
+        }),
+        Scenario::Replay | Scenario::ReplayCached => op(move |i| {
+            let key = format!("{prefix}-{i}");
+            let fut = if scenario == Scenario::ReplayCached {
+                t.idem_cached(key, TENANT.to_string())
+            } else {
+                t.idem(key, TENANT.to_string())
+            };
             async move {
                 match fut.await {
                     Ok(Via::Replayed) => Ok(()),
@@ -98,6 +158,27 @@ fn scenario_op(target: &Arc<dyn Target>, scenario: Scenario, prefix: String) -> 
             }
         }),
     }
+}
+
+/// Completes keys `{prefix}-0..` through the plain or the caching engine
+/// (the replay scenarios' preparation, not timed).
+fn prepare_op(target: &Arc<dyn Target>, cached: bool, prefix: String) -> OpFn {
+    let t = target.clone();
+    op(move |i| {
+        let key = format!("{prefix}-{i}");
+        let fut = if cached {
+            t.idem_cached(key, TENANT.to_string())
+        } else {
+            t.idem(key, TENANT.to_string())
+        };
+        async move {
+            match fut.await {
+                Ok(Via::Executed) => Ok(()),
+                Ok(via) => Err(format!("fresh key answered via {via}").into()),
+                Err(e) => Err(e.into()),
+            }
+        }
+    })
 }
 
 /// How many operations one measurement runs at `clients`.
@@ -128,7 +209,7 @@ pub async fn run(
             scenario_op(&target, s, format!("{run_id}-warm-{}", s.label())),
         )
         .await;
-        if s == Scenario::Replay {
+        if matches!(s, Scenario::Replay | Scenario::ReplayCached) {
             continue;
         }
         if let Some(e) = err {
@@ -143,10 +224,12 @@ pub async fn run(
             order.rotate_left(shift);
             for s in order {
                 let prefix = format!("{run_id}-{}-r{round}-c{c}", s.label());
-                if s == Scenario::Replay {
-                    // Complete the keys first (not timed), then repeat them.
-                    let (_, err) =
-                        drive(c, ops, scenario_op(&target, Scenario::Idem, prefix.clone())).await;
+                if matches!(s, Scenario::Replay | Scenario::ReplayCached) {
+                    // Complete the keys first (not timed), then repeat them;
+                    // the cached scenario completes them through its own
+                    // engine, which keeps them.
+                    let prepare = prepare_op(&target, s == Scenario::ReplayCached, prefix.clone());
+                    let (_, err) = drive(c, ops, prepare).await;
                     if let Some(e) = err {
                         return Err(format!("replay preparation on {}: {e}", target.name()).into());
                     }

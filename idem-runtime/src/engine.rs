@@ -13,7 +13,8 @@ use crate::metrics;
 use crate::operation::Operation;
 use crate::outcome::{Outcome, ReplayError, StoredResponse};
 use crate::policy::{ClaimMode, FailureMode, Policy};
-use crate::store::{Backend, Locked, Record, RecordStatus};
+use crate::replay_cache::ReplayCache;
+use crate::store::{Backend, Fresh, Locked, Record, RecordStatus};
 
 /// How an operation's answer came about.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -137,6 +138,8 @@ pub struct Engine<DB: Backend> {
     /// this engine (and its clones) queue here, first come first served,
     /// instead of polling the lock through the busy handler's sleeps.
     write_gate: Option<Arc<WriteGate>>,
+    /// The records this process completed, if the engine keeps them.
+    replay_cache: Option<Arc<ReplayCache>>,
 }
 
 /// An engine's in-process queue for a database-wide write lock (SQLite), and
@@ -155,6 +158,16 @@ impl WriteGate {
             permits: Arc::new(Semaphore::new(1)),
             holder: Arc::default(),
         }
+    }
+
+    /// The gate if it is free right now.
+    fn try_enter(&self, op: &Operation) -> Option<GatePermit> {
+        let permit = self.permits.clone().try_acquire_owned().ok()?;
+        *lock(&self.holder) = Some(key_of(op));
+        Some(GatePermit {
+            _permit: permit,
+            holder: self.holder.clone(),
+        })
     }
 
     /// Waits at most `wait` for the gate; `None` when it was closed.
@@ -207,6 +220,7 @@ impl<DB: Backend> Clone for Engine<DB> {
             settings: self.settings,
             counters: self.counters.clone(),
             write_gate: self.write_gate.clone(),
+            replay_cache: self.replay_cache.clone(),
         }
     }
 }
@@ -240,6 +254,40 @@ impl<DB: Backend> Engine<DB> {
             settings: DB::Settings::default(),
             counters: Arc::default(),
             write_gate: DB::SERIALIZE_WRITERS.then(|| Arc::new(WriteGate::new())),
+            replay_cache: None,
+        }
+    }
+
+    /// Keeps the records this engine (and its clones) completes in `cache`,
+    /// and answers a repeat of one from it without a round trip to the
+    /// store: same scope, key and fingerprint, before the record's expiry.
+    /// Per process: see [`ReplayCache`] for what that means when an operator
+    /// deletes a key.
+    ///
+    /// ```no_run
+    /// use idem_runtime::{Engine, ReplayCache};
+    /// # async fn demo() -> Result<(), sqlx::Error> {
+    /// let engine = Engine::<sqlx::Sqlite>::open_sqlite("app.db")
+    ///     .await?
+    ///     .with_replay_cache(ReplayCache::new(10_000, 16 * 1024 * 1024));
+    /// assert!(engine.replay_cache().is_some());
+    /// # Ok(()) }
+    /// ```
+    pub fn with_replay_cache(mut self, cache: ReplayCache) -> Self {
+        self.replay_cache = Some(Arc::new(cache));
+        self
+    }
+
+    /// The engine's replay cache, if it keeps one.
+    pub fn replay_cache(&self) -> Option<&ReplayCache> {
+        self.replay_cache.as_deref()
+    }
+
+    /// Forgets every record the replay cache holds (after an operator
+    /// deleted keys from the store, say); no effect without a cache.
+    pub fn clear_replay_cache(&self) {
+        if let Some(cache) = &self.replay_cache {
+            cache.clear();
         }
     }
 
@@ -355,21 +403,61 @@ impl<DB: Backend> Engine<DB> {
     }
 
     async fn claim_unrecorded(&self, op: &Operation) -> Result<Claim<DB>, IdemError> {
+        // Before anything reaches the store: a record completed later expires later.
+        let asked = Instant::now();
+        if let Some(stored) = self.replay_cache.as_ref().and_then(|cache| cache.get(op)) {
+            return Ok(Claim::Replay(Replay { stored }));
+        }
         let policy = op.policy.unwrap_or(self.policy);
         let mut conn = match self.pool.acquire().await {
             Ok(conn) => conn,
             Err(error) => return self.store_down(op, &policy, error).await,
         };
-        // A repeat is a read: answered without a lock or a transaction.
-        match DB::lookup_unlocked(&mut conn, op).await {
-            Ok(record) => match decide(record, op) {
-                Decision::Execute(_) => {}
-                Decision::Replay(stored) => return Ok(Claim::Replay(Replay { stored })),
-                Decision::Refuse(error) => return Err(error),
-            },
-            Err(error) => return self.store_down(op, &policy, error).await,
+        // A fresh key (the common case, on a backend that can) is locked and
+        // its transaction opened in one round trip; a key with any record
+        // comes back and is claimed the usual way below.
+        let mut read_already = false;
+        if DB::fresh_first(self.settings) {
+            match DB::lock_if_fresh(conn, op, &policy).await {
+                Ok(Fresh::Locked(tx)) => {
+                    let locked = Locked {
+                        tx,
+                        record: None,
+                        holds_row: false,
+                    };
+                    return self.claim_locked(op, policy, locked, None, asked).await;
+                }
+                // Read under the lock: a replay or a refusal is final; an
+                // expired record or a crashed claim is claimed below.
+                Ok(Fresh::Found(Some(record))) => match decide(Some(record), op) {
+                    Decision::Execute(_) => read_already = true,
+                    Decision::Replay(stored) => return Ok(Claim::Replay(Replay { stored })),
+                    Decision::Refuse(error) => return Err(error),
+                },
+                Ok(Fresh::Found(None)) => {}
+                Err(error) if DB::is_lock_busy(&error) => return Err(in_progress_unknown()),
+                Err(error) => return self.store_down(op, &policy, error).await,
+            }
+            conn = match self.pool.acquire().await {
+                Ok(conn) => conn,
+                Err(error) => return self.store_down(op, &policy, error).await,
+            };
         }
+        // A repeat is a read: answered without a lock or a transaction.
+        if !read_already {
+            match DB::lookup_unlocked(&mut conn, op).await {
+                Ok(record) => match decide(record, op) {
+                    Decision::Execute(_) => {}
+                    Decision::Replay(stored) => return Ok(Claim::Replay(Replay { stored })),
+                    Decision::Refuse(error) => return Err(error),
+                },
+                Err(error) => return self.store_down(op, &policy, error).await,
+            }
+        }
+        let free = self.write_gate.as_ref().and_then(|gate| gate.try_enter(op));
         let permit = match &self.write_gate {
+            // A free gate is entered with the connection in hand.
+            Some(_) if free.is_some() => free,
             Some(gate) => {
                 // Queue without holding a connection: a storm of duplicates
                 // must not drain the pool while it waits.
@@ -383,11 +471,7 @@ impl<DB: Backend> Engine<DB> {
             }
             None => None,
         };
-        let Locked {
-            mut tx,
-            record,
-            holds_row,
-        } = match DB::lock_and_read(conn, op, &policy, self.settings).await {
+        let locked = match DB::lock_and_read(conn, op, &policy, self.settings).await {
             Ok(locked) => locked,
             // Postgres locks the key: busy means a duplicate holds it. SQLite's
             // lock is the whole database's: another writer (another process)
@@ -401,6 +485,24 @@ impl<DB: Backend> Engine<DB> {
             }
             Err(error) => return self.store_down(op, &policy, error).await,
         };
+        self.claim_locked(op, policy, locked, permit, asked).await
+    }
+
+    /// The claim once the key's lock is held: decide from the record read
+    /// under it, commit a durable claim's record, hand out the guard.
+    async fn claim_locked(
+        &self,
+        op: &Operation,
+        policy: Policy,
+        locked: Locked<DB>,
+        permit: Option<GatePermit>,
+        asked: Instant,
+    ) -> Result<Claim<DB>, IdemError> {
+        let Locked {
+            mut tx,
+            record,
+            holds_row,
+        } = locked;
         // A key with no row at all gets a plain insert of its completed record.
         let replaces = record.is_some() || holds_row;
         let via = match decide(record, op) {
@@ -441,6 +543,8 @@ impl<DB: Backend> Engine<DB> {
             // write lock while the work runs; a transactional one holds both.
             permit: if token.is_none() { permit } else { None },
             claimed_at: Instant::now(),
+            enqueues_seen: crate::outbox::enqueues_so_far(),
+            cache: self.replay_cache.clone().map(|cache| (cache, asked)),
         };
         Ok(Claim::Execute(guard))
     }
@@ -473,6 +577,8 @@ impl<DB: Backend> Engine<DB> {
                 pool: self.pool.clone(),
                 permit: None,
                 claimed_at: Instant::now(),
+                enqueues_seen: crate::outbox::enqueues_so_far(),
+                cache: None,
             })),
             Err(error) => Err(unavailable(policy, error)),
         }
@@ -502,6 +608,12 @@ pub struct ClaimGuard<DB: Backend> {
     permit: Option<GatePermit>,
     /// When the claim was granted: the work's duration is measured from here.
     claimed_at: Instant,
+    /// The process's enqueue count when the claim was granted: a commit after
+    /// the work enqueued wakes the relays.
+    enqueues_seen: u64,
+    /// The engine's replay cache, and when the claim was asked for: the
+    /// record's expiry in the store is no earlier than that plus the retention.
+    cache: Option<(Arc<ReplayCache>, Instant)>,
 }
 
 impl<DB: Backend> std::ops::Deref for ClaimGuard<DB> {
@@ -563,6 +675,8 @@ impl<DB: Backend> ClaimGuard<DB> {
             pool,
             permit: _permit,
             claimed_at: _,
+            enqueues_seen,
+            cache,
         } = self;
         let response = match response {
             Some(response) => response,
@@ -584,10 +698,18 @@ impl<DB: Backend> ClaimGuard<DB> {
                 .map(|()| true),
         };
         match written {
-            Ok(true) => tx
-                .commit()
-                .await
-                .map_err(|error| unavailable(&policy, error)),
+            Ok(true) => {
+                tx.commit()
+                    .await
+                    .map_err(|error| unavailable(&policy, error))?;
+                crate::outbox::wake_after_commit(enqueues_seen);
+                if let Some((cache, asked)) = cache.filter(|_| via != Via::FailedOpen) {
+                    if let Some(expires) = asked.checked_add(policy.retention) {
+                        cache.put(&op, response, expires);
+                    }
+                }
+                Ok(())
+            }
             Ok(false) => Err(IdemError::LockLost),
             Err(error) => Err(unavailable(&policy, error)),
         }

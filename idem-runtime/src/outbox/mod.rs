@@ -283,6 +283,21 @@ fn wake_relays() {
     WAKE.notify_waiters();
 }
 
+/// The enqueues made in this process so far: a claim notes it when it is
+/// granted and hands it to [`wake_after_commit`] once it has committed.
+pub(crate) fn enqueues_so_far() -> u64 {
+    ENQUEUES.load(Ordering::Acquire)
+}
+
+/// After a commit: if any enqueue happened in this process since `seen`
+/// (the claim's own, possibly), wakes the relays, which find the message at
+/// once now that it is committed instead of at their next look.
+pub(crate) fn wake_after_commit(seen: u64) {
+    if ENQUEUES.load(Ordering::Acquire) != seen {
+        WAKE.notify_waiters();
+    }
+}
+
 /// The Postgres channel enqueues notify and relays listen on
 /// ([`notify_other_processes`], [`Relay::listen`]).
 pub const NOTIFY_CHANNEL: &str = "idem_outbox";

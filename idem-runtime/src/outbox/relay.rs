@@ -3,7 +3,8 @@
 //! Each round it leases a batch of due messages (see the store module for
 //! how several relays share one database), publishes each through its sink
 //! outside any transaction, bounded by a timeout shorter than the lease, and
-//! then settles each row under the lease token it claimed with:
+//! then settles the batch under the lease tokens it claimed with (every
+//! delivered row by one statement, each failure by its own):
 //!
 //! | sink says | row becomes |
 //! |---|---|
@@ -16,13 +17,15 @@
 //! as fenced: this relay's lease expired and another relay owns the message.
 //!
 //! Wake-up: an [`enqueue`](super::enqueue) in this process wakes every relay
-//! in it; the relay then looks again a few times over the next half second,
-//! so it finds the message as soon as the enqueuing transaction commits.
+//! in it, and so does the commit of an engine claim that enqueued; a relay
+//! woken before the enqueuing transaction committed looks again a few times
+//! over the next half second (waking at once on the next wake-up), so it
+//! finds the message as soon as that transaction commits.
 //! Messages enqueued by other processes are found by polling
 //! ([`Relay::poll_interval`], 1 s by default) or, on Postgres, woken by
 //! `NOTIFY` ([`Relay::listen`], [`notify_other_processes`](super::notify_other_processes)).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::str::FromStr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -570,6 +573,7 @@ impl<DB: OutboxStore> Worker<DB> {
                 if let Some(pause) = CHASE.get(step) {
                     chase = Some(step + 1);
                     tokio::select! {
+                        _ = &mut notified => chase = Some(0),
                         _ = tokio::time::sleep(*pause) => {}
                         _ = stopped.changed() => {}
                     }
@@ -672,6 +676,7 @@ async fn publish_batch<DB: OutboxStore>(
             .instrument(span),
         );
     }
+    let mut sent = Vec::new();
     while let Some(joined) = publishes.join_next().await {
         let (message, outcome, span) = match joined {
             Ok(done) => done,
@@ -681,7 +686,37 @@ async fn publish_batch<DB: OutboxStore>(
                 continue;
             }
         };
-        settle(relay, &message, outcome).instrument(span).await?;
+        match outcome {
+            Ok(Delivered::Published { receipt }) => sent.push((message, false, span, receipt)),
+            Ok(Delivered::Duplicate { receipt }) => sent.push((message, true, span, receipt)),
+            failed => settle(relay, &message, failed).instrument(span).await?,
+        }
+    }
+    // Every delivery of the batch is marked sent by one statement, each row
+    // still conditioned on its own lease token: the rows it does not return
+    // were fenced.
+    let rows: Vec<(i64, i64, Option<String>)> = sent
+        .iter_mut()
+        .map(|(message, _, _, receipt)| (message.row, message.token, receipt.take()))
+        .collect();
+    let marked: HashSet<i64> = DB::settle_sent(&relay.pool, &rows)
+        .await?
+        .into_iter()
+        .collect();
+    for (message, duplicate, span, _) in &sent {
+        let counter = if *duplicate {
+            &counters.duplicates
+        } else {
+            &counters.published
+        };
+        let _entered = span.enter();
+        record(
+            relay,
+            message,
+            counter,
+            Delivery::Ok,
+            marked.contains(&message.row),
+        );
     }
     Ok(count)
 }
@@ -778,7 +813,23 @@ async fn settle<DB: OutboxStore>(
             )
         }
     };
-    if DB::settle(&relay.pool, claimed.row, claimed.token, &settlement).await? {
+    let settled = DB::settle(&relay.pool, claimed.row, claimed.token, &settlement).await?;
+    record(relay, claimed, counter, delivery, settled);
+    Ok(())
+}
+
+/// Counts one settle: its outcome and metrics if it took, fenced if not.
+fn record<DB: OutboxStore>(
+    relay: &Relay<DB>,
+    claimed: &Claimed,
+    counter: &AtomicU64,
+    delivery: Delivery,
+    settled: bool,
+) {
+    let counters = &*relay.counters;
+    let id = &claimed.message.id;
+    let attempt = claimed.message.attempt;
+    if settled {
         counter.fetch_add(1, Ordering::Relaxed);
         metrics::outbox_published(&claimed.sink, delivery);
         if delivery == Delivery::Ok {
@@ -792,7 +843,6 @@ async fn settle<DB: OutboxStore>(
         tracing::warn!(message_id = %id, attempt, "outbox relay lost its lease before settling; fenced");
         counters.fenced.fetch_add(1, Ordering::Relaxed);
     }
-    Ok(())
 }
 
 #[cfg(test)]

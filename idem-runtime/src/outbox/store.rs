@@ -192,6 +192,15 @@ pub trait OutboxStore: Backend {
         settlement: &'a Settlement,
     ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'a;
 
+    /// Marks the delivered rows `(row, token, receipt)` sent in one
+    /// statement, each still conditioned on its own lease token; returns the
+    /// rows it marked (the others were fenced).
+    #[doc(hidden)]
+    fn settle_sent<'a>(
+        pool: &'a Pool<Self>,
+        sent: &'a [(i64, i64, Option<String>)],
+    ) -> impl Future<Output = Result<Vec<i64>, sqlx::Error>> + Send + 'a;
+
     /// Frees the leases `owner` still holds.
     #[doc(hidden)]
     fn release<'a>(
@@ -480,6 +489,29 @@ mod sqlite {
             };
             let done = query.execute(pool).await?;
             Ok(done.rows_affected() == 1)
+        }
+
+        async fn settle_sent<'a>(
+            pool: &'a Pool<Self>,
+            sent: &'a [(i64, i64, Option<String>)],
+        ) -> Result<Vec<i64>, sqlx::Error> {
+            if sent.is_empty() {
+                return Ok(Vec::new());
+            }
+            let rows = serde_json::to_string(sent).expect("ids, tokens and receipts serialize");
+            sqlx::query_scalar(
+                "UPDATE idem_outbox SET state = 'sent', sent_at = ?1, receipt = s.receipt, \
+                 lease_until = NULL, lease_owner = NULL \
+                 FROM (SELECT json_extract(value, '$[0]') AS id, json_extract(value, '$[1]') AS token, \
+                         json_extract(value, '$[2]') AS receipt FROM json_each(?2)) AS s \
+                 WHERE idem_outbox.id = s.id AND idem_outbox.lease_token = s.token \
+                   AND idem_outbox.state = 'pending' \
+                 RETURNING idem_outbox.id",
+            )
+            .bind(now_ms())
+            .bind(rows)
+            .fetch_all(pool)
+            .await
         }
 
         async fn release<'a>(pool: &'a Pool<Self>, owner: &'a str) -> Result<u64, sqlx::Error> {
@@ -794,6 +826,30 @@ mod postgres {
             };
             let done = query.execute(pool).await?;
             Ok(done.rows_affected() == 1)
+        }
+
+        async fn settle_sent<'a>(
+            pool: &'a Pool<Self>,
+            sent: &'a [(i64, i64, Option<String>)],
+        ) -> Result<Vec<i64>, sqlx::Error> {
+            if sent.is_empty() {
+                return Ok(Vec::new());
+            }
+            let rows: Vec<i64> = sent.iter().map(|s| s.0).collect();
+            let tokens: Vec<i64> = sent.iter().map(|s| s.1).collect();
+            let receipts: Vec<Option<&str>> = sent.iter().map(|s| s.2.as_deref()).collect();
+            sqlx::query_scalar(
+                "UPDATE idem_outbox o SET state = 'sent', sent_at = now(), receipt = s.receipt, \
+                 lease_until = NULL, lease_owner = NULL \
+                 FROM unnest($1::int8[], $2::int8[], $3::text[]) AS s(id, token, receipt) \
+                 WHERE o.id = s.id AND o.lease_token = s.token AND o.state = 'pending' \
+                 RETURNING o.id",
+            )
+            .bind(rows)
+            .bind(tokens)
+            .bind(receipts)
+            .fetch_all(pool)
+            .await
         }
 
         async fn release<'a>(pool: &'a Pool<Self>, owner: &'a str) -> Result<u64, sqlx::Error> {

@@ -81,6 +81,16 @@ mod sealed {
         pub holds_row: bool,
     }
 
+    /// What [`Store::lock_if_fresh`] found.
+    #[derive(Debug)]
+    pub enum Fresh<DB: sqlx::Database> {
+        /// The key had no record: the claim's transaction, holding its lock.
+        Locked(Transaction<'static, DB>),
+        /// The key has a record, read under its lock (`None` if it could not
+        /// be brought back); nothing is held.
+        Found(Option<Record>),
+    }
+
     /// What a backend does for the engine. Reachable by no one outside this
     /// crate, which seals [`Backend`](super::Backend).
     pub trait Store: sqlx::Database + Sized {
@@ -125,6 +135,25 @@ mod sealed {
             policy: &'a Policy,
             settings: Self::Settings,
         ) -> impl Future<Output = Result<Locked<Self>, sqlx::Error>> + Send + 'a;
+
+        /// Whether a claim first tries [`Store::lock_if_fresh`] (Postgres with
+        /// advisory key locks), instead of reading the record before the lock.
+        fn fresh_first(_settings: Self::Settings) -> bool {
+            false
+        }
+
+        /// Opens the claim's transaction on `conn` holding the key's lock, in
+        /// one round trip, if the key has no record at all; when it has one
+        /// (completed, in progress or expired), answers it, read under the
+        /// lock, with nothing held and the connection gone back to the pool
+        /// (`Found(None)` when the record, or the key, cannot travel this way:
+        /// the caller then claims the usual way). Waits for a busy lock at
+        /// most `policy.wait_timeout`.
+        fn lock_if_fresh<'a>(
+            conn: PoolConnection<Self>,
+            op: &'a Operation,
+            policy: &'a Policy,
+        ) -> impl Future<Output = Result<Fresh<Self>, sqlx::Error>> + Send + 'a;
 
         /// [`lookup_unlocked`](super::lookup_unlocked) for this backend.
         fn lookup_unlocked<'a>(
@@ -187,10 +216,11 @@ mod sealed {
     }
 }
 
-pub(crate) use sealed::{Locked, Record, RecordStatus, Store};
+pub(crate) use sealed::{Fresh, Locked, Record, RecordStatus, Store};
 
-/// Reads the record outside any transaction: every claim starts with this
-/// read, so replays and conflicts never take a lock or open a transaction.
+/// Reads the record outside any transaction: a claim starts with this read
+/// (after the fresh-first message, on a backend that sends one), so replays
+/// and conflicts never take a lock or open a transaction.
 pub(crate) async fn lookup_unlocked<'c, DB: Store>(
     conn: &'c mut DB::Connection,
     op: &Operation,

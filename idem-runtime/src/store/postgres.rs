@@ -8,15 +8,23 @@
 //! record is written once, just before the commit that carries the business
 //! writes: one tuple per operation, never an insert followed by an update.
 //!
-//! A repeat never locks: the engine first reads the record with one
-//! autocommit `SELECT` (a prepared statement), and a completed record with the
-//! same fingerprint is replayed from that read (a mismatch or a live
-//! in-progress claim is refused from it too). Only a key with no live record
-//! goes on to the lock, on the same connection: sqlx checks every connection
-//! returned to the pool with a round trip, so one acquisition per claim saves one.
-//! A free key's lock is taken with `pg_try_advisory_xact_lock`; only a busy
-//! one sets `lock_timeout` and waits. A key with no record gets a plain
-//! `INSERT` of its completed record; an expired or taken-over one, an upsert.
+//! A claim starts fresh-first: the engine sends `SELECT idem_lock_if_fresh(…);
+//! BEGIN` as one simple-protocol message (the lock id, the wait and the key as
+//! literals). The function takes the key's lock and checks for a record in
+//! the message's implicit transaction, which the trailing `BEGIN` turns into
+//! the claim's transaction: a fresh key is locked and its transaction open
+//! after one round trip, and the work's statements follow. A key with any
+//! record is refused with SQLSTATE `IDEMK`, which rolls the whole message back
+//! (lock included) and leaves the connection idle; the error's `DETAIL`
+//! carries the record read under the lock, so a replay, a mismatch or a live
+//! in-progress claim is answered from it, also in one round trip. Only an
+//! expired record or a crashed durable claim goes on to the full claim below
+//! (`BEGIN`, then the lock and the read in one statement). A free key's lock
+//! is taken with `pg_try_advisory_xact_lock`; only a busy one sets
+//! `lock_timeout` and waits. A key with no record gets a plain `INSERT` of its
+//! completed record; an expired or taken-over one, an upsert. The pool skips
+//! sqlx's ping before each acquire; sqlx still checks each connection it gets
+//! back with one exchange, off the request's path.
 //!
 //! With [`KeyLock::Row`], for Postgres-compatible engines without advisory
 //! locks, the key's own row is its lock instead: the claim bounds its wait
@@ -35,7 +43,8 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgRow};
 use sqlx::{PgConnection, PgPool, Pool, Postgres, Row, Transaction};
 
 use super::{
-    encode_headers, keyed, millis, response_from_columns, Locked, Record, RecordStatus, Store,
+    encode_headers, keyed, millis, response_from_columns, Fresh, Locked, Record, RecordStatus,
+    Store,
 };
 use crate::operation::Operation;
 use crate::outcome::StoredResponse;
@@ -108,6 +117,65 @@ fn record(row: &PgRow) -> Result<Record, sqlx::Error> {
         expired: row.try_get(5)?,
         lock_left: (lock_left_ms > 0).then(|| Duration::from_millis(lock_left_ms as u64)),
     })
+}
+
+/// The SQLSTATE `idem_lock_if_fresh` refuses a key with a record with.
+const HAS_RECORD: &str = "IDEMK";
+
+/// The record `idem_lock_if_fresh` sends back in its error's DETAIL.
+#[derive(serde::Deserialize)]
+struct FoundRecord {
+    status: String,
+    fingerprint: String,
+    response_status: Option<i64>,
+    response_content_type: Option<String>,
+    response_body: Option<String>,
+    expired: bool,
+    lock_left_ms: Option<i64>,
+    response_headers: Option<String>,
+}
+
+/// Decodes a DETAIL of `idem_lock_if_fresh`; `None` if it is not one, or if
+/// its stored response is unreadable (the claim then reads the record the
+/// ordinary way, which reports the corruption as a store error).
+fn record_from_detail(detail: &str) -> Option<Record> {
+    let found: FoundRecord = serde_json::from_str(detail).ok()?;
+    let body = match found.response_body {
+        Some(hex) => Some(crate::hex::decode(&hex)?),
+        None => None,
+    };
+    let lock_left_ms = found.lock_left_ms.unwrap_or(0);
+    Some(Record {
+        status: RecordStatus::parse(&found.status),
+        fingerprint: crate::hex::decode(&found.fingerprint)?,
+        response: response_from_columns(
+            found.response_status,
+            found.response_content_type,
+            body,
+            found.response_headers,
+        )
+        .ok()?,
+        expired: found.expired,
+        lock_left: (lock_left_ms > 0).then(|| Duration::from_millis(lock_left_ms as u64)),
+    })
+}
+
+/// `text` as a Postgres escape-string literal (`E'…'`): backslashes and quotes
+/// escaped, so it reads the same whatever `standard_conforming_strings` says.
+/// `None` for text with a NUL, which no Postgres text can hold.
+fn literal(text: &str) -> Option<String> {
+    let mut quoted = String::with_capacity(text.len() + 4);
+    quoted.push_str("E'");
+    for c in text.chars() {
+        match c {
+            '\\' => quoted.push_str("\\\\"),
+            '\'' => quoted.push_str("''"),
+            '\0' => return None,
+            c => quoted.push(c),
+        }
+    }
+    quoted.push('\'');
+    Some(quoted)
 }
 
 /// Bounds the claim's lock waits; answers the bound it replaces.
@@ -233,6 +301,46 @@ impl Store for Postgres {
             record,
             holds_row: false,
         })
+    }
+
+    fn fresh_first(key_lock: KeyLock) -> bool {
+        key_lock == KeyLock::Advisory
+    }
+
+    async fn lock_if_fresh<'a>(
+        conn: PoolConnection<Self>,
+        op: &'a Operation,
+        policy: &'a Policy,
+    ) -> Result<Fresh<Self>, sqlx::Error> {
+        let wait_ms = i32::try_from(millis(policy.wait_timeout))
+            .unwrap_or(i32::MAX)
+            .max(1);
+        // One simple-protocol message: the lock and the check run in its
+        // implicit transaction, which the trailing BEGIN turns into the
+        // claim's transaction (rows discarded; an error rolls all of it back
+        // and leaves the connection idle). The values travel as literals.
+        let (Some(scope), Some(key)) = (literal(op.scope.as_stored()), literal(op.key.as_str()))
+        else {
+            // Not expressible as a literal: claimed the usual way, whose
+            // bound parameters give the database's own error.
+            return Ok(Fresh::Found(None));
+        };
+        let statement = format!(
+            "SELECT idem_lock_if_fresh({}, {wait_ms}, {scope}, {key}); BEGIN",
+            op.lock_id(),
+        );
+        // sqlx's constructor for a transaction on a connection already taken
+        // from the pool, with the statement that opens it.
+        match Transaction::begin(conn, Some(statement.into())).await {
+            Ok(tx) => Ok(Fresh::Locked(tx)),
+            Err(sqlx::Error::Database(db)) if db.code().as_deref() == Some(HAS_RECORD) => {
+                let detail = db
+                    .try_downcast_ref::<sqlx::postgres::PgDatabaseError>()
+                    .and_then(|pg| pg.detail());
+                Ok(Fresh::Found(detail.and_then(record_from_detail)))
+            }
+            Err(error) => Err(error),
+        }
     }
 
     async fn lookup_unlocked<'a>(
