@@ -762,23 +762,15 @@ mod postgres {
             lease: Duration,
             batch: u32,
         ) -> Result<Vec<Claimed>, sqlx::Error> {
-            let rows = sqlx::query(concat!(
-                "WITH picked AS (SELECT o.id FROM idem_outbox o \
-                   WHERE o.state = 'pending' AND o.available_at <= now() \
-                     AND (o.lease_until IS NULL OR o.lease_until <= now()) \
-                     AND o.sink = ANY($1) \
-                     AND (o.ordering_key IS NULL OR NOT EXISTS (SELECT 1 FROM idem_outbox p \
-                       WHERE p.ordering_key = o.ordering_key AND p.state <> 'sent' AND p.id < o.id)) \
-                   ORDER BY o.id LIMIT $2 FOR UPDATE SKIP LOCKED) \
-                 UPDATE idem_outbox t SET lease_until = now() + ",
-                ms!("$3"),
-                ", lease_owner = $4, lease_token = t.lease_token + 1, attempts = t.attempts + 1 \
-                 FROM picked WHERE t.id = picked.id \
-                 RETURNING t.id, t.lease_token, t.max_attempts::int8 AS max_attempts, t.sink, \
-                   t.message_id, t.step, t.destination, t.ordering_key, t.headers::text AS headers, \
-                   t.content_type, t.payload, t.attempts::int8 AS attempts, \
-                   (extract(epoch FROM t.created_at) * 1000)::int8 AS created_at_ms"
-            ))
+            // The claim is a function (migration 20261207000001): it keeps
+            // the planner to a plain index scan in id order.
+            let rows = sqlx::query(
+                "SELECT id, lease_token, max_attempts::int8 AS max_attempts, sink, \
+                   message_id, step, destination, ordering_key, headers::text AS headers, \
+                   content_type, payload, attempts::int8 AS attempts, \
+                   (extract(epoch FROM created_at) * 1000)::int8 AS created_at_ms \
+                 FROM idem_outbox_claim($1, $2, $3, $4)",
+            )
             .bind(sinks)
             .bind(i64::from(batch))
             .bind(millis(lease) as f64)
