@@ -2,11 +2,15 @@
 # Prices each piece of idem's Postgres protocol with pgbench (a C client, so
 # the figures are the server's and the wire's, not sqlx's): every script is the
 # unprotected write plus one piece, run for the same time at the same client
-# count. The last two pipeline what needs no answer in between (pgbench's
+# count. 9a and 9b pipeline what needs no answer in between (pgbench's
 # \startpipeline): 9a is idem's protocol as a pipelining driver could send it
 # (4 round trips instead of 6), 9b the least any safe claim must do (lock and
 # read, the business write, the record; no read before the lock, so no cheap
-# replay). Usage: run.sh "host=127.0.0.1 port=5432 user=postgres" [clients] [seconds]
+# replay). 10 is the engine's fresh path today (the lock-and-check message
+# and BEGIN pipelined, then the business write and the record), 11 the same
+# with one outbox message inserted as `outbox::enqueue` does, 12 that insert
+# pipelined with the record's (no round trip of its own): 11 and 12 against
+# 10 bound what enqueuing costs in any client. Usage: run.sh "host=127.0.0.1 port=5432 user=postgres" [clients] [seconds]
 #
 # It creates a database `idem_pgbench`, applies idem's migrations and the
 # benchmark's payments table, and prints tps and µs per operation per script.
