@@ -10,7 +10,9 @@
 # and BEGIN pipelined, then the business write and the record), 11 the same
 # with one outbox message inserted as `outbox::enqueue` does, 12 that insert
 # pipelined with the record's (no round trip of its own): 11 and 12 against
-# 10 bound what enqueuing costs in any client. Usage: run.sh "host=127.0.0.1 port=5432 user=postgres" [clients] [seconds]
+# 10 bound what enqueuing costs in any client; 13 is the guide's SQL (claim
+# insert, business write, completion update), the fresh path's yardstick.
+# Usage: run.sh "host=127.0.0.1 port=5432 user=postgres" [clients] [seconds]
 #
 # It creates a database `idem_pgbench`, applies idem's migrations and the
 # benchmark's payments table, and prints tps and µs per operation per script.
