@@ -5,32 +5,15 @@
 
 mod nats_harness;
 
-use std::path::PathBuf;
 use std::process::Command;
 
-fn example(name: &str) -> PathBuf {
-    // Tests run from target/<profile>/deps; examples are built into target/<profile>/examples.
-    let exe = std::env::current_exe().expect("test binary");
-    let profile_dir = exe
-        .parent()
-        .and_then(|deps| deps.parent())
-        .expect("profile dir");
-    let binary = profile_dir
-        .join("examples")
-        .join(format!("{name}{}", std::env::consts::EXE_SUFFIX));
-    assert!(
-        binary.is_file(),
-        "{} is missing: `cargo test` builds it; with `--test billing_nats_example` alone run `cargo build --example {name}` first",
-        binary.display()
-    );
-    binary
-}
+use idem_runtime::test_support::example_binary;
 
 #[test]
 fn billing_example_bills_each_order_once() {
     let server = nats_harness::single();
     let dir = tempfile::tempdir().expect("temp dir");
-    let out = Command::new(example("billing_nats"))
+    let out = Command::new(example_binary("billing_nats"))
         .args(["--nats", &server.url(), "--orders", "4", "--dir"])
         .arg(dir.path())
         .output()

@@ -4,23 +4,9 @@
 //! or inconsistent; this also checks that the kills and retries happened.
 //! `cargo test` builds the example; this runs it.
 
-use std::path::PathBuf;
 use std::process::Command;
 
-fn example(name: &str) -> PathBuf {
-    // Tests run from target/<profile>/deps; examples are built into target/<profile>/examples.
-    let exe = std::env::current_exe().unwrap();
-    let profile_dir = exe.parent().and_then(|deps| deps.parent()).unwrap();
-    let binary = profile_dir
-        .join("examples")
-        .join(format!("{name}{}", std::env::consts::EXE_SUFFIX));
-    assert!(
-        binary.is_file(),
-        "{} is missing: `cargo test` builds it; with `--test chaos` alone run `cargo build --example {name}` first",
-        binary.display()
-    );
-    binary
-}
+use idem_runtime::test_support::example_binary;
 
 /// The number after `label ` in the run's summary line.
 fn figure(summary: &str, label: &str) -> u64 {
@@ -36,7 +22,7 @@ fn figure(summary: &str, label: &str) -> u64 {
 
 fn bounded_run(backend: &str) {
     let dir = tempfile::tempdir().unwrap();
-    let output = Command::new(example("chaos"))
+    let output = Command::new(example_binary("chaos"))
         .args([
             "--backend",
             backend,

@@ -6,23 +6,9 @@
 //! from the notifications inbox.
 //! `cargo test` builds the example; this runs it.
 
-use std::path::PathBuf;
 use std::process::Command;
 
-fn example(name: &str) -> PathBuf {
-    // Tests run from target/<profile>/deps; examples are built into target/<profile>/examples.
-    let exe = std::env::current_exe().unwrap();
-    let profile_dir = exe.parent().and_then(|deps| deps.parent()).unwrap();
-    let binary = profile_dir
-        .join("examples")
-        .join(format!("{name}{}", std::env::consts::EXE_SUFFIX));
-    assert!(
-        binary.is_file(),
-        "{} is missing: `cargo test` builds it; with `--test checkout_demo` alone run `cargo build --example {name}` first",
-        binary.display()
-    );
-    binary
-}
+use idem_runtime::test_support::example_binary;
 
 /// The table's rows for one logical operation: from its name to the blank line.
 fn rows<'a>(stdout: &'a str, story: &str) -> Vec<&'a str> {
@@ -53,7 +39,7 @@ fn got<'a>(rows: &[&'a str], who: &str) -> &'a str {
 #[test]
 fn checkout_demo_exits_zero_with_one_charge_per_order() {
     let dir = tempfile::tempdir().unwrap();
-    let output = Command::new(example("checkout"))
+    let output = Command::new(example_binary("checkout"))
         .current_dir(dir.path())
         .output()
         .expect("run the checkout demo");

@@ -3,35 +3,18 @@
 //! the payments service's stores, as the README shows; and the payments
 //! example telling `idem steps --declared-by` its declared steps.
 
-use std::path::PathBuf;
 use std::process::Command;
 
 use idem_cli::inspect::inspect;
 use idem_cli::store::{OpenMode, Store, StoreSpec};
+use idem_runtime::test_support::example_binary;
 use idem_runtime::Scope;
-
-fn example(name: &str) -> PathBuf {
-    // Tests run from target/<profile>/deps; examples are built into target/<profile>/examples.
-    let exe = std::env::current_exe().unwrap();
-    let binary = exe
-        .parent()
-        .and_then(|deps| deps.parent())
-        .unwrap()
-        .join("examples")
-        .join(format!("{name}{}", std::env::consts::EXE_SUFFIX));
-    assert!(
-        binary.is_file(),
-        "{} is missing: `cargo test` builds it; with `--test checkout_inspect` alone run `cargo build --example {name}` first",
-        binary.display()
-    );
-    binary
-}
 
 #[tokio::test]
 async fn every_order_of_the_demo_was_charged_exactly_once() {
     let dir = tempfile::tempdir().unwrap();
     let kept = dir.path().join("dbs");
-    let output = Command::new(example("checkout"))
+    let output = Command::new(example_binary("checkout"))
         .args(["--keep-dbs", &kept.display().to_string()])
         .output()
         .expect("run the checkout demo");
@@ -87,7 +70,7 @@ async fn every_order_of_the_demo_was_charged_exactly_once() {
 
 #[test]
 fn the_payments_example_tells_its_steps() {
-    let declared = idem_cli::steps::declared_by(&example("payments")).unwrap();
+    let declared = idem_cli::steps::declared_by(&example_binary("payments")).unwrap();
     assert_eq!(declared.keys().collect::<Vec<_>>(), ["create-payment.v1"]);
     assert!(!declared["create-payment.v1"].retired);
 }

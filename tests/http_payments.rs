@@ -7,14 +7,13 @@ mod client;
 #[path = "../examples/services/payments.rs"]
 mod payments;
 
-use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::Duration;
 
 use client::{HttpClient, Reply};
 use idem::policy::ClaimMode;
 use idem::{Backend, Claim, ClaimGuard, Engine, IdempotencyKey, Operation, Policy, Scope};
-use idem_runtime::test_support::TestDb;
+use idem_runtime::test_support::{example_binary, TestDb};
 use payments::{Config, PaymentRequest, Store, CREATE_PAYMENT};
 use serde_json::{json, Value};
 use tokio::io::{AsyncBufReadExt, BufReader};
@@ -402,23 +401,8 @@ struct Process {
     base: String,
 }
 
-fn example_binary() -> PathBuf {
-    // tests run from target/<profile>/deps; examples are built into target/<profile>/examples.
-    let exe = std::env::current_exe().unwrap();
-    let profile_dir = exe.parent().and_then(|deps| deps.parent()).unwrap();
-    let binary = profile_dir
-        .join("examples")
-        .join(format!("payments{}", std::env::consts::EXE_SUFFIX));
-    assert!(
-        binary.is_file(),
-        "{} is missing: `cargo test` builds it; with `--test http_payments` alone run `cargo build --example payments` first",
-        binary.display()
-    );
-    binary
-}
-
 async fn start_process(url: &str) -> Process {
-    let mut child = Command::new(example_binary())
+    let mut child = Command::new(example_binary("payments"))
         .args([
             "--listen",
             "127.0.0.1:0",
@@ -520,7 +504,7 @@ async fn refuses_to_start_with_undeclared_live_steps(db: TestDb) {
     .expect("a key under the old step");
     drop(store);
 
-    let output = Command::new(example_binary())
+    let output = Command::new(example_binary("payments"))
         .args(["--listen", "127.0.0.1:0", "--database-url", db.url()])
         .stdin(Stdio::null())
         .kill_on_drop(true)

@@ -5,36 +5,19 @@
 #[path = "../examples/services/client.rs"]
 mod client;
 
-use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::Duration;
 
 use client::HttpClient;
+use idem_runtime::test_support::example_binary;
 use serde_json::json;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
 const STEP: &str = "create-payment.v1";
 
-fn example_binary() -> PathBuf {
-    // Tests run from target/<profile>/deps; examples are built into target/<profile>/examples.
-    let exe = std::env::current_exe().unwrap();
-    let binary = exe
-        .parent()
-        .and_then(|deps| deps.parent())
-        .unwrap()
-        .join("examples")
-        .join(format!("payments{}", std::env::consts::EXE_SUFFIX));
-    assert!(
-        binary.is_file(),
-        "{} is missing: `cargo test` builds it; with `--test payments_metrics` alone run `cargo build --example payments` first",
-        binary.display()
-    );
-    binary
-}
-
 async fn start(database_url: &str) -> (Child, String) {
-    let mut child = Command::new(example_binary())
+    let mut child = Command::new(example_binary("payments"))
         .args(["--listen", "127.0.0.1:0", "--database-url", database_url])
         .stdout(Stdio::piped())
         .stderr(Stdio::null())

@@ -255,6 +255,32 @@ impl PgServer {
     }
 }
 
+/// The binary of the workspace example `name`, built by `cargo test` next to
+/// the calling test binary (tests run from `target/<profile>/deps`, examples
+/// are built into `target/<profile>/examples`). Panics, saying how to build
+/// it, if it is missing.
+///
+/// ```no_run
+/// let payments = idem_runtime::test_support::example_binary("payments");
+/// assert!(payments.ends_with("examples/payments"));
+/// ```
+pub fn example_binary(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("the test binary's path");
+    let profile_dir = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .expect("tests run from target/<profile>/deps");
+    let binary = profile_dir
+        .join("examples")
+        .join(format!("{name}{}", std::env::consts::EXE_SUFFIX));
+    assert!(
+        binary.is_file(),
+        "{} is missing: `cargo test` builds it; when running one test target alone, run `cargo build --example {name}` first",
+        binary.display()
+    );
+    binary
+}
+
 /// A SQLite database file in a fresh temporary directory; the directory goes
 /// when the returned guard drops.
 pub fn sqlite_file() -> (tempfile::TempDir, PathBuf) {
