@@ -454,22 +454,23 @@ impl<DB: Backend> Engine<DB> {
                 Err(error) => return self.store_down(op, &policy, error).await,
             }
         }
-        let free = self.write_gate.as_ref().and_then(|gate| gate.try_enter(op));
         let permit = match &self.write_gate {
-            // A free gate is entered with the connection in hand.
-            Some(_) if free.is_some() => free,
-            Some(gate) => {
-                // Queue without holding a connection: a storm of duplicates
-                // must not drain the pool while it waits.
-                drop(conn);
-                let permit = gate.enter(op, policy.wait_timeout).await?;
-                conn = match self.pool.acquire().await {
-                    Ok(conn) => conn,
-                    Err(error) => return self.store_down(op, &policy, error).await,
-                };
-                permit
-            }
             None => None,
+            Some(gate) => match gate.try_enter(op) {
+                // A free gate is entered with the connection in hand.
+                Some(permit) => Some(permit),
+                None => {
+                    // Queue without holding a connection: a storm of duplicates
+                    // must not drain the pool while it waits.
+                    drop(conn);
+                    let permit = gate.enter(op, policy.wait_timeout).await?;
+                    conn = match self.pool.acquire().await {
+                        Ok(conn) => conn,
+                        Err(error) => return self.store_down(op, &policy, error).await,
+                    };
+                    permit
+                }
+            },
         };
         let locked = match DB::lock_and_read(conn, op, &policy, self.settings).await {
             Ok(locked) => locked,

@@ -167,29 +167,22 @@ pub(crate) fn analyse(
     // axum runs a handler's extractors in order, and only the last may take
     // the body: a body-consuming request anywhere else is refused here, on
     // the parameter, rather than as a wall of `Handler` errors at `.route(..)`.
-    if args.http {
-        let last = function
-            .sig
-            .inputs
-            .iter()
-            .rposition(|input| matches!(input, FnArg::Typed(_)));
-        if let (Some(index), Some(last)) = (request, last) {
-            if index != last {
-                if let (Some(FnArg::Typed(typed)), Some(extractor)) = (
-                    function.sig.inputs.iter().nth(index),
-                    params[index].as_ref().and_then(|p| body_extractor(&p.ty)),
-                ) {
-                    errors.push(syn::Error::new_spanned(
-                        typed,
-                        format!(
-                            "this `#[fingerprint]` parameter reads the request body (`{extractor}`), so it must be the \
-                             handler's last parameter: axum runs extractors in order and only the last one may consume \
-                             the body (`FromRequest`); every other parameter reads only the request's parts \
-                             (`FromRequestParts`). Move it to the end"
-                        ),
-                    ));
-                }
-            }
+    // (A receiver can only come first, so the last input is the last typed one.)
+    let last = function.sig.inputs.len().saturating_sub(1);
+    if let Some(index) = request.filter(|&index| args.http && index != last) {
+        if let (Some(FnArg::Typed(typed)), Some(extractor)) = (
+            function.sig.inputs.iter().nth(index),
+            params[index].as_ref().and_then(|p| body_extractor(&p.ty)),
+        ) {
+            errors.push(syn::Error::new_spanned(
+                typed,
+                format!(
+                    "this `#[fingerprint]` parameter reads the request body (`{extractor}`), so it must be the \
+                     handler's last parameter: axum runs extractors in order and only the last one may consume \
+                     the body (`FromRequest`); every other parameter reads only the request's parts \
+                     (`FromRequestParts`). Move it to the end"
+                ),
+            ));
         }
     }
 

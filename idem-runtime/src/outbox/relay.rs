@@ -676,7 +676,9 @@ async fn publish_batch<DB: OutboxStore>(
             .instrument(span),
         );
     }
+    // Deliveries, with the counter each goes to, and their rows for the settle.
     let mut sent = Vec::new();
+    let mut rows: Vec<(i64, i64, Option<String>)> = Vec::new();
     while let Some(joined) = publishes.join_next().await {
         let (message, outcome, span) = match joined {
             Ok(done) => done,
@@ -686,29 +688,25 @@ async fn publish_batch<DB: OutboxStore>(
                 continue;
             }
         };
-        match outcome {
-            Ok(Delivered::Published { receipt }) => sent.push((message, false, span, receipt)),
-            Ok(Delivered::Duplicate { receipt }) => sent.push((message, true, span, receipt)),
-            failed => settle(relay, &message, failed).instrument(span).await?,
-        }
+        let (counter, receipt) = match outcome {
+            Ok(Delivered::Published { receipt }) => (&counters.published, receipt),
+            Ok(Delivered::Duplicate { receipt }) => (&counters.duplicates, receipt),
+            failed => {
+                settle(relay, &message, failed).instrument(span).await?;
+                continue;
+            }
+        };
+        rows.push((message.row, message.token, receipt));
+        sent.push((message, counter, span));
     }
     // Every delivery of the batch is marked sent by one statement, each row
     // still conditioned on its own lease token: the rows it does not return
     // were fenced.
-    let rows: Vec<(i64, i64, Option<String>)> = sent
-        .iter_mut()
-        .map(|(message, _, _, receipt)| (message.row, message.token, receipt.take()))
-        .collect();
     let marked: HashSet<i64> = DB::settle_sent(&relay.pool, &rows)
         .await?
         .into_iter()
         .collect();
-    for (message, duplicate, span, _) in &sent {
-        let counter = if *duplicate {
-            &counters.duplicates
-        } else {
-            &counters.published
-        };
+    for (message, counter, span) in &sent {
         let _entered = span.enter();
         record(
             relay,

@@ -148,12 +148,16 @@ mod sealed {
         /// lock, with nothing held and the connection gone back to the pool
         /// (`Found(None)` when the record, or the key, cannot travel this way:
         /// the caller then claims the usual way). Waits for a busy lock at
-        /// most `policy.wait_timeout`.
+        /// most `policy.wait_timeout`. Called only when
+        /// [`fresh_first`](Store::fresh_first) says so; a backend that never
+        /// claims fresh-first keeps this default, which sends nothing.
         fn lock_if_fresh<'a>(
-            conn: PoolConnection<Self>,
-            op: &'a Operation,
-            policy: &'a Policy,
-        ) -> impl Future<Output = Result<Fresh<Self>, sqlx::Error>> + Send + 'a;
+            _conn: PoolConnection<Self>,
+            _op: &'a Operation,
+            _policy: &'a Policy,
+        ) -> impl Future<Output = Result<Fresh<Self>, sqlx::Error>> + Send + 'a {
+            std::future::ready(Ok(Fresh::Found(None)))
+        }
 
         /// [`lookup_unlocked`](super::lookup_unlocked) for this backend.
         fn lookup_unlocked<'a>(

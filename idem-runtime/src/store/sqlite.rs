@@ -22,8 +22,7 @@ use sqlx::sqlite::{
 use sqlx::{Pool, Row, Sqlite, SqliteConnection, SqlitePool, Transaction};
 
 use super::{
-    encode_headers, keyed, millis, response_from_columns, Fresh, Locked, Record, RecordStatus,
-    Store,
+    encode_headers, keyed, millis, response_from_columns, Locked, Record, RecordStatus, Store,
 };
 use crate::operation::Operation;
 use crate::outcome::StoredResponse;
@@ -213,20 +212,6 @@ impl Store for Sqlite {
             tx,
             record,
             holds_row: false,
-        })
-    }
-
-    async fn lock_if_fresh<'a>(
-        conn: PoolConnection<Self>,
-        op: &'a Operation,
-        policy: &'a Policy,
-    ) -> Result<Fresh<Self>, sqlx::Error> {
-        // Not used by the engine on SQLite (its repeats are answered by a read
-        // that never waits for the write lock), but correct all the same.
-        let Locked { tx, record, .. } = Self::lock_and_read(conn, op, policy, ()).await?;
-        Ok(match record {
-            None => Fresh::Locked(tx),
-            found => Fresh::Found(found),
         })
     }
 
