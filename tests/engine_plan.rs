@@ -672,8 +672,8 @@ async fn migrations_are_idempotent_and_live_steps_are_listed<DB: TestBackend>(
     harness: impl AsyncFn(Policy) -> Harness<DB>,
 ) {
     let h = harness(Policy::default()).await;
-    DB::migrate(&h.engine).await;
-    DB::migrate(&h.engine).await;
+    h.engine.migrate().await.expect("migrate");
+    h.engine.migrate().await.expect("migrate again");
     charge(&h, &operation("acme", "live", 1), 1).await.unwrap();
     assert_eq!(
         h.engine.live_steps().await.unwrap(),

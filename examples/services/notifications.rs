@@ -32,10 +32,6 @@ pub const WEBHOOK_SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
 
 /// The `notifications` table, on either backend.
 pub trait NotificationLog: InboxBackend {
-    /// Runs idem's migrations on `engine`'s store.
-    fn migrate(
-        engine: &Engine<Self>,
-    ) -> impl Future<Output = Result<(), Box<dyn std::error::Error + Send + Sync>>> + Send;
     /// Creates the `notifications` table if missing.
     fn create_table(pool: &Pool<Self>) -> impl Future<Output = sqlx::Result<()>> + Send;
     /// Records a notification in the inbox claim's transaction.
@@ -51,10 +47,6 @@ pub trait NotificationLog: InboxBackend {
 macro_rules! notification_log {
     ($db:ty, $connection:ty) => {
         impl NotificationLog for $db {
-            async fn migrate(engine: &Engine<Self>) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
-                engine.migrate().await.map_err(Into::into)
-            }
-
             async fn create_table(pool: &Pool<Self>) -> sqlx::Result<()> {
                 sqlx::query("CREATE TABLE IF NOT EXISTS notifications (message_id TEXT NOT NULL, order_id TEXT NOT NULL)")
                     .execute(pool)
@@ -89,7 +81,7 @@ notification_log!(Postgres, PgConnection);
 pub async fn service<DB: NotificationLog>(
     engine: &Engine<DB>,
 ) -> Result<Router, Box<dyn std::error::Error + Send + Sync>> {
-    DB::migrate(engine).await?;
+    engine.migrate().await?;
     idem::registry::validate(engine).await?;
     DB::create_table(engine.pool()).await?;
     let inbox = Inbox::new(engine.clone(), "notifications", RECORD_NOTIFICATION.name())?;

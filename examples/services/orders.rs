@@ -2,8 +2,7 @@
 //! outbox to the notifications service.
 //!
 //! Shared by the checkout demo (in process, on SQLite) and the chaos run (a
-//! process of its own, on SQLite or Postgres). Needs the crate's `payments`
-//! module (for the `X-Tenant-Id` extractor).
+//! process of its own, on SQLite or Postgres).
 #![allow(dead_code)]
 
 use std::future::Future;
@@ -15,7 +14,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{post, MethodRouter};
 use axum::Router;
-use idem::http::Json;
+use idem::http::{HeaderScope, Json, XTenantId};
 use idem::outbox::{self, Backoff, Message, OutboxStore, Relay, WebhookSink};
 use idem::signature::SigningSecret;
 use idem::{idempotent, Backend, Engine, Fingerprint, IdempotencyKey, Problem, Scope};
@@ -24,8 +23,6 @@ use idem_client::{IdempotentRetry, RequestBuilderExt, RetryPolicy};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 use sqlx::{PgConnection, Pool, Postgres, Sqlite, SqliteConnection};
-
-use crate::payments::Tenant;
 
 idem::steps! {
     /// An order placed through the order service's `POST /checkout`.
@@ -91,10 +88,6 @@ impl<DB: Backend> FromRef<Orders<DB>> for Engine<DB> {
 
 /// The `orders` table and the checkout route, on either backend.
 pub trait OrderBook: OutboxStore {
-    /// Runs idem's migrations on `engine`'s store.
-    fn migrate(
-        engine: &Engine<Self>,
-    ) -> impl Future<Output = Result<(), Box<dyn std::error::Error + Send + Sync>>> + Send;
     /// Creates the `orders` table if missing.
     fn create_table(pool: &Pool<Self>) -> impl Future<Output = sqlx::Result<()>> + Send;
     /// Records `order` and enqueues `notification`, in the claim's transaction.
@@ -116,7 +109,7 @@ macro_rules! order_book {
         async fn $handler(
             tx: &mut $connection,
             State(orders): State<Orders<$db>>,
-            Tenant(tenant): Tenant,
+            tenant: HeaderScope<XTenantId>,
             key: IdempotencyKey,
             #[fingerprint] Json(request): Json<CheckoutRequest>,
         ) -> Response {
@@ -124,10 +117,6 @@ macro_rules! order_book {
         }
 
         impl OrderBook for $db {
-            async fn migrate(engine: &Engine<Self>) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
-                engine.migrate().await.map_err(Into::into)
-            }
-
             async fn create_table(pool: &Pool<Self>) -> sqlx::Result<()> {
                 sqlx::query(
                     "CREATE TABLE IF NOT EXISTS orders (order_id TEXT PRIMARY KEY, payment_id TEXT NOT NULL, amount_cents BIGINT NOT NULL)",
@@ -178,7 +167,7 @@ order_book!(Postgres, PgConnection, checkout_postgres);
 pub async fn prepare<DB: OrderBook>(
     engine: &Engine<DB>,
 ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
-    DB::migrate(engine).await?;
+    engine.migrate().await?;
     idem::registry::validate(engine).await?;
     DB::create_table(engine.pool()).await?;
     Ok(())

@@ -7,13 +7,12 @@
 use std::future::Future;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use axum::extract::{DefaultBodyLimit, FromRef, FromRequestParts, State};
-use axum::http::request::Parts;
+use axum::extract::{DefaultBodyLimit, FromRef, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
-use idem::http::Json;
+use idem::http::{HeaderScope, Json, XTenantId};
 use idem::Policy;
 use idem::Problem;
 use idem::{idempotent, Backend, Engine, Fingerprint, IdempotencyKey};
@@ -290,7 +289,7 @@ pub fn router<DB: Ledger>(engine: Engine<DB>, config: Config) -> Router {
 #[idempotent(http, scope = "tenant", step = CREATE_PAYMENT)]
 async fn create_payment<DB: Ledger>(
     tx: &mut DB::Connection,
-    Tenant(tenant): Tenant,
+    tenant: HeaderScope<XTenantId>,
     key: IdempotencyKey,
     faults: fault::Faults,
     #[fingerprint] Json(request): Json<PaymentRequest>,
@@ -371,7 +370,7 @@ fn validate(request: &PaymentRequest) -> Result<(), Problem> {
 /// `GET /payments`: the tenant's payments only.
 async fn list_payments<DB: Ledger>(
     State(state): State<AppState<DB>>,
-    Tenant(tenant): Tenant,
+    tenant: HeaderScope<XTenantId>,
 ) -> Response {
     match DB::list(state.engine.pool(), &tenant).await {
         Ok(payments) => axum::Json(PaymentList {
@@ -436,26 +435,6 @@ fn store_down() -> Problem {
     Problem::new(503, "Store unavailable")
         .with_type(idem::http::problem::types::STORE_UNAVAILABLE)
         .with_detail("The database does not answer; retry in a few seconds.")
-}
-
-/// The `X-Tenant-Id` header: the scope every key lives in.
-pub struct Tenant(pub String);
-
-impl<S: Send + Sync> FromRequestParts<S> for Tenant {
-    type Rejection = Problem;
-
-    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
-        let tenant = parts
-            .headers
-            .get("x-tenant-id")
-            .and_then(|v| v.to_str().ok())
-            .map(str::trim);
-        match tenant {
-            Some(tenant) if !tenant.is_empty() && tenant.len() <= 255 => Ok(Tenant(tenant.to_owned())),
-            _ => Err(Problem::new(400, "X-Tenant-Id header missing")
-                .with_detail("Send the tenant this request acts for in the X-Tenant-Id header (1 to 255 visible ASCII characters).")),
-        }
-    }
 }
 
 /// A fresh, unique payment id: a random (v4) UUID.

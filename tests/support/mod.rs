@@ -64,8 +64,6 @@ pub trait TestBackend: Backend {
     const MODULE: &'static str;
     /// A fresh, empty store of this backend.
     fn test_db() -> impl std::future::Future<Output = TestDb> + Send;
-    /// Runs the engine's migrations ([`Engine::migrate`]) on this backend.
-    fn migrate(engine: &Engine<Self>) -> impl std::future::Future<Output = ()> + Send;
     fn pool(url: &str, policy: &Policy) -> impl std::future::Future<Output = Pool<Self>> + Send {
         Self::pool_of(url, policy, 8)
     }
@@ -104,9 +102,6 @@ macro_rules! test_backend {
             const MODULE: &'static str = $module;
             async fn test_db() -> TestDb {
                 $test_db
-            }
-            async fn migrate(engine: &Engine<Self>) {
-                engine.migrate().await.expect("migrate");
             }
             async fn pool_of(url: &str, policy: &Policy, connections: u32) -> Pool<Self> {
                 let connect = $pool;
@@ -187,7 +182,7 @@ impl<DB: TestBackend> Harness<DB> {
     pub async fn new(policy: Policy) -> Self {
         let db = DB::test_db().await;
         let engine = Engine::new(DB::pool(db.url(), &policy).await).with_policy(policy);
-        DB::migrate(&engine).await;
+        engine.migrate().await.expect("migrate");
         DB::execute(engine.pool(), CREATE_PAYMENTS).await;
         Harness { engine, db }
     }
