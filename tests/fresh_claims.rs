@@ -1,14 +1,16 @@
-//! The fresh-first claim and the replay cache on real stores: keys and
-//! scopes that need quoting travel intact, a repeat is answered from the
-//! record read under the lock, and the cache answers only what the store
-//! would, until the record's expiry.
+//! The fresh-first claim, the one-message completion and the replay cache on
+//! real stores: keys, scopes and responses that need quoting travel intact,
+//! a repeat is answered from the record read under the lock, a completion
+//! that fails rolls the work back and leaves its connection clean, and the
+//! cache answers only what the store would, until the record's expiry.
 
 mod support;
 
 use std::time::Duration;
 
 use idem_runtime::{
-    IdemError, IdempotencyKey, Operation, Policy, Problem, ReplayCache, Scope, Via,
+    Engine, IdemError, IdempotencyKey, Operation, Policy, Problem, ReplayCache, Scope,
+    StoredResponse, Via,
 };
 use support::{Harness, TestBackend};
 
@@ -70,6 +72,117 @@ async fn keys_that_need_quoting_are_claimed_intact<DB: TestBackend>(h: Harness<D
     assert_eq!(h.records().await, executed);
 }
 
+/// Every byte value in a body, a quote and a backslash in the content type
+/// and headers, and a body above the size sent inline: each is replayed
+/// exactly as it was stored, through an engine whose pool has one
+/// connection (so every claim reuses the connection the previous one left).
+async fn responses_are_replayed_byte_for_byte<DB: TestBackend>(h: Harness<DB>) {
+    let pool = DB::pool_of(h.db.url(), &Policy::default(), 1).await;
+    let h = h.with_engine(Engine::new(pool));
+    let all_bytes: Vec<u8> = (0..=255u8).cycle().take(1024).collect();
+    let large: Vec<u8> = (0..200 * 1024).map(|i| (i % 251) as u8).collect();
+    for (key, body) in [
+        ("k-bytes", all_bytes),
+        ("k-large", large),
+        ("k-empty", Vec::new()),
+    ] {
+        let stored = StoredResponse {
+            status: 201,
+            content_type: r"application/x-it's \ odd".to_owned(),
+            body,
+            headers: vec![
+                ("location".to_owned(), "/payments/o'brien".to_owned()),
+                (
+                    "x-note".to_owned(),
+                    r"back\slash \' 'quote' $$x$$ ünïcode".to_owned(),
+                ),
+            ],
+        };
+        let op = operation("acme", key, 10);
+        let first = h
+            .engine
+            .run(&op, async |tx| {
+                DB::insert_payment(tx, "acme", 10).await.expect("payment");
+                stored.clone()
+            })
+            .await
+            .unwrap();
+        assert_eq!(first.via, Via::Executed, "{key}");
+        let replay = h
+            .engine
+            .run(&op, async |_tx| -> StoredResponse {
+                panic!("{key} ran twice")
+            })
+            .await
+            .unwrap();
+        assert_eq!(replay.via, Via::Replayed, "{key}");
+        assert_eq!(replay.value, stored, "{key}");
+    }
+    assert_eq!(h.payments().await, 3);
+    assert_eq!(h.records().await, 3);
+    assert_connection_left_clean(&h).await;
+}
+
+/// The pool's one connection is usable and outside any transaction: a write
+/// on it commits and is seen from another connection.
+async fn assert_connection_left_clean<DB: TestBackend>(h: &Harness<DB>) {
+    let other = DB::pool_of(h.db.url(), &Policy::default(), 1).await;
+    let before = DB::count(&other, "SELECT COUNT(*) FROM payments").await;
+    DB::execute(
+        h.engine.pool(),
+        "INSERT INTO payments (tenant, amount) VALUES ('after', 1)",
+    )
+    .await;
+    assert_eq!(
+        DB::count(&other, "SELECT COUNT(*) FROM payments").await,
+        before + 1
+    );
+}
+
+/// A completion whose record cannot be written (here: a row for the key
+/// written on another connection while the work ran) fails closed: the
+/// work's writes roll back, and the connection goes back to the pool
+/// outside any transaction. Postgres with advisory key locks only: nothing
+/// else lets another writer in while a claim holds its key.
+#[tokio::test]
+async fn a_completion_that_fails_rolls_the_work_back() {
+    let h = support::postgres(Policy::default()).await;
+    let pool = <sqlx::Postgres as TestBackend>::pool_of(h.db.url(), &Policy::default(), 1).await;
+    let h = h.with_engine(Engine::new(pool));
+    assert_eq!(
+        charge(&h, &operation("acme", "k-seed", 10)).await.unwrap(),
+        Via::Executed
+    );
+    let other = <sqlx::Postgres as TestBackend>::pool_of(h.db.url(), &Policy::default(), 1).await;
+    let op = operation("acme", "k-intruder", 10);
+    let outcome = h
+        .engine
+        .run(&op, async |tx| {
+            sqlx::query("INSERT INTO payments (tenant, amount) VALUES ('acme', 10)")
+                .execute(&mut *tx)
+                .await
+                .expect("payment");
+            sqlx::query(
+                "INSERT INTO idempotency_keys (scope, key, step, fingerprint, status, response_status, \
+                   response_content_type, response_body, created_at, locked_until, expires_at) \
+                 SELECT scope, 'k-intruder', step, fingerprint, status, response_status, \
+                   response_content_type, response_body, created_at, locked_until, expires_at \
+                 FROM idempotency_keys WHERE key = 'k-seed'",
+            )
+            .execute(&other)
+            .await
+            .expect("intruder");
+            Ok::<i64, Problem>(1)
+        })
+        .await;
+    assert!(
+        matches!(outcome, Err(IdemError::Unavailable { .. })),
+        "{outcome:?}"
+    );
+    assert_eq!(h.payments().await, 1, "only k-seed's payment");
+    assert_connection_left_clean(&h).await;
+}
+
 /// A cached repeat is answered without the store (which is broken here);
 /// another request under the same key still goes to the store.
 async fn the_cache_answers_repeats_of_what_this_process_completed<DB: TestBackend>(h: Harness<DB>) {
@@ -123,6 +236,12 @@ macro_rules! backend_tests {
             #[tokio::test]
             async fn keys_that_need_quoting_are_claimed_intact() {
                 super::keys_that_need_quoting_are_claimed_intact($harness(Policy::default()).await)
+                    .await;
+            }
+
+            #[tokio::test]
+            async fn responses_are_replayed_byte_for_byte() {
+                super::responses_are_replayed_byte_for_byte($harness(Policy::default()).await)
                     .await;
             }
 

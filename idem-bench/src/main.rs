@@ -52,6 +52,8 @@ struct Config {
     svg: Option<String>,
     md: Option<String>,
     only: Option<String>,
+    /// Only these throughput scenarios (by label), for profiling one of them.
+    scenarios: Option<Vec<String>>,
 }
 
 fn parse_args() -> Result<Config, BenchError> {
@@ -68,6 +70,7 @@ fn parse_args() -> Result<Config, BenchError> {
         svg: None,
         md: None,
         only: None,
+        scenarios: None,
     };
     let mut growth = false;
     let mut growth_sizes = vec![0, 1_000_000, 5_000_000];
@@ -107,6 +110,14 @@ fn parse_args() -> Result<Config, BenchError> {
             "--svg" => cfg.svg = Some(value("--svg")?),
             "--md" => cfg.md = Some(value("--md")?),
             "--only" => cfg.only = Some(value("--only")?),
+            "--scenarios" => {
+                cfg.scenarios = Some(
+                    value("--scenarios")?
+                        .split(',')
+                        .map(str::to_owned)
+                        .collect(),
+                )
+            }
             "--clients" => {
                 cfg.clients = value("--clients")?
                     .split(',')
@@ -116,7 +127,7 @@ fn parse_args() -> Result<Config, BenchError> {
             "--bench" => {} // passed by `cargo bench`
             "-h" | "--help" => {
                 println!(
-                    "idem-bench [--smoke | --quick] [--rounds N] [--ops N] [--growth [--growth-sizes 0,1000000,5000000]] [--out FILE.json] [--svg FILE.svg] [--md FILE.md]"
+                    "idem-bench [--smoke | --quick] [--rounds N] [--ops N] [--growth [--growth-sizes 0,1000000,5000000]] [--only postgres|sqlite|outbox] [--scenarios idem,seed-sql,...] [--clients 1,8,32] [--out FILE.json] [--svg FILE.svg] [--md FILE.md]"
                 );
                 std::process::exit(0);
             }
@@ -184,7 +195,7 @@ async fn run(cfg: Config) -> Result<Report, BenchError> {
         );
     }
 
-    let scenarios = vec![
+    let mut scenarios = vec![
         Scenario::Unprotected,
         Scenario::SameWrites,
         Scenario::SeedSql,
@@ -196,6 +207,9 @@ async fn run(cfg: Config) -> Result<Report, BenchError> {
         Scenario::Mixed,
         Scenario::MixedCached,
     ];
+    if let Some(wanted) = &cfg.scenarios {
+        scenarios.retain(|s| wanted.iter().any(|w| w == s.label()));
+    }
     let connections = cfg
         .clients
         .iter()
@@ -212,7 +226,9 @@ async fn run(cfg: Config) -> Result<Report, BenchError> {
     if wants("postgres") {
         let pg = pg::Pg::setup(&server, connections).await?;
         let mut with_row_lock = scenarios.clone();
-        with_row_lock.insert(4, Scenario::IdemRowLock);
+        if cfg.scenarios.is_none() {
+            with_row_lock.insert(4, Scenario::IdemRowLock);
+        }
         backends.push(backend(Arc::new(pg.clone()), &cfg, &with_row_lock, &run_id).await?);
         eprintln!("== postgres through a delaying proxy ==");
         let ops = (cfg.ops / 10).clamp(10, 300);

@@ -691,18 +691,20 @@ impl<DB: Backend> ClaimGuard<DB> {
                 return Ok(());
             }
         };
-        let written = match (via, token) {
-            (Via::FailedOpen, _) => Ok(true),
-            (_, Some(token)) => DB::write_claimed(&mut tx, &op, token, &response, &policy).await,
-            (_, None) => DB::write_completed(&mut tx, &op, &response, &policy, replaces)
+        let committed = match (via, token) {
+            (Via::FailedOpen, _) => tx.commit().await.map(|()| true),
+            (_, Some(token)) => {
+                match DB::write_claimed(&mut tx, &op, token, &response, &policy).await {
+                    Ok(true) => tx.commit().await.map(|()| true),
+                    other => other,
+                }
+            }
+            (_, None) => DB::commit_completed(tx, &op, &response, &policy, replaces)
                 .await
                 .map(|()| true),
         };
-        match written {
+        match committed {
             Ok(true) => {
-                tx.commit()
-                    .await
-                    .map_err(|error| unavailable(&policy, error))?;
                 crate::outbox::wake_after_commit(enqueues_seen);
                 if let Some((cache, asked)) = cache.filter(|_| via != Via::FailedOpen) {
                     if let Some(expires) = asked.checked_add(policy.retention) {

@@ -175,6 +175,21 @@ mod sealed {
             replace: bool,
         ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'a;
 
+        /// [`write_completed`](Store::write_completed), then commits `tx`. A
+        /// backend that can send both in one message overrides this.
+        fn commit_completed<'a>(
+            mut tx: Transaction<'static, Self>,
+            op: &'a Operation,
+            response: &'a StoredResponse,
+            policy: &'a Policy,
+            replace: bool,
+        ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'a {
+            async move {
+                Self::write_completed(&mut tx, op, response, policy, replace).await?;
+                tx.commit().await
+            }
+        }
+
         /// Writes an `in_progress` record owned by `token` (durable claims).
         fn write_in_progress<'a>(
             conn: &'a mut Self::Connection,

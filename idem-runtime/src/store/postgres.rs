@@ -22,7 +22,11 @@
 //! (`BEGIN`, then the lock and the read in one statement). A free key's lock
 //! is taken with `pg_try_advisory_xact_lock`; only a busy one sets
 //! `lock_timeout` and waits. A key with no record gets a plain `INSERT` of its
-//! completed record; an expired or taken-over one, an upsert. The pool skips
+//! completed record; an expired or taken-over one, an upsert. The record and
+//! the `COMMIT` travel as one simple-protocol message (`INSERT …; COMMIT;
+//! BEGIN`, values as literals; bodies over 64 KiB are bound to a prepared
+//! insert instead), so a fresh key costs 3 round trips: the lock-and-check
+//! message, the work's statement, the commit message. The pool skips
 //! sqlx's ping before each acquire; sqlx still checks each connection it gets
 //! back with one exchange, off the request's path.
 //!
@@ -193,29 +197,85 @@ const INSERT_CLAIM_ROW: &str = "INSERT INTO idempotency_keys \
 
 const RESTORE_LOCK_WAIT: &str = "SELECT set_config('lock_timeout', $1, true)";
 
-/// The completed record's insert, shared by the two statements below.
-macro_rules! insert_completed {
+/// The completed record's insert up to its values, shared by the statements below.
+macro_rules! insert_completed_into {
     () => {
         "INSERT INTO idempotency_keys \
          (scope, key, step, fingerprint, status, response_status, response_content_type, response_body, \
-          response_headers, claim_token, created_at, locked_until, expires_at) \
-         VALUES ($1, $2, $3, $4, 'completed', $5, $6, $7, $9, NULL, now(), now(), now() + $8 * interval '1 millisecond')"
+          response_headers, claim_token, created_at, locked_until, expires_at) VALUES "
+    };
+}
+
+/// The completed record's values as bound parameters.
+macro_rules! completed_parameters {
+    () => {
+        "($1, $2, $3, $4, 'completed', $5, $6, $7, $9, NULL, now(), now(), now() + $8 * interval '1 millisecond')"
+    };
+}
+
+/// What an upsert of the completed record changes in an expired or
+/// taken-over one.
+macro_rules! replace_record {
+    () => {
+        " \
+         ON CONFLICT (scope, key) DO UPDATE SET step = EXCLUDED.step, fingerprint = EXCLUDED.fingerprint, \
+           status = 'completed', response_status = EXCLUDED.response_status, \
+           response_content_type = EXCLUDED.response_content_type, response_body = EXCLUDED.response_body, \
+           response_headers = EXCLUDED.response_headers, claim_token = NULL, created_at = EXCLUDED.created_at, \
+           locked_until = EXCLUDED.locked_until, expires_at = EXCLUDED.expires_at"
     };
 }
 
 /// The completed record, for a claim that found none.
-const INSERT_COMPLETED: &str = insert_completed!();
+const INSERT_COMPLETED: &str = concat!(insert_completed_into!(), completed_parameters!());
 
 /// The completed record, replacing an expired or taken-over one.
 const UPSERT_COMPLETED: &str = concat!(
-    insert_completed!(),
-    " \
-     ON CONFLICT (scope, key) DO UPDATE SET step = EXCLUDED.step, fingerprint = EXCLUDED.fingerprint, \
-       status = 'completed', response_status = EXCLUDED.response_status, \
-       response_content_type = EXCLUDED.response_content_type, response_body = EXCLUDED.response_body, \
-       response_headers = EXCLUDED.response_headers, claim_token = NULL, created_at = EXCLUDED.created_at, locked_until = EXCLUDED.locked_until, \
-       expires_at = EXCLUDED.expires_at"
+    insert_completed_into!(),
+    completed_parameters!(),
+    replace_record!()
 );
+
+/// Bodies up to this size travel as literals in the commit message; a larger
+/// one is bound to a prepared insert (its hex literal would be parsed by the
+/// server at twice its size).
+const LITERAL_BODY_LIMIT: usize = 64 * 1024;
+
+/// The completed record's insert with its values as literals, then `COMMIT;
+/// BEGIN`: one simple-protocol message that stores the record and commits
+/// the claim. The empty transaction it leaves open is the one sqlx's
+/// [`Transaction`] ends with its queued `ROLLBACK` when dropped (sent with the
+/// pool's check on the connection's return, off the request's path). `None`
+/// when a value cannot travel as a literal (a NUL in text, a large body).
+fn commit_message(
+    op: &Operation,
+    response: &StoredResponse,
+    policy: &Policy,
+    replace: bool,
+) -> Option<String> {
+    if response.body.len() > LITERAL_BODY_LIMIT {
+        return None;
+    }
+    let text = |value: Option<&str>| value.map_or(Some("NULL".to_owned()), literal);
+    let bytes = |value: &[u8]| format!("decode('{}', 'hex')", crate::hex::encode(value));
+    Some(format!(
+        concat!(
+            insert_completed_into!(),
+            "({}, {}, {}, {}, 'completed', {}, {}, {}, {}, NULL, now(), now(), \
+             now() + {}::float8 * interval '1 millisecond'){}; COMMIT; BEGIN"
+        ),
+        literal(op.scope.as_stored())?,
+        literal(op.key.as_str())?,
+        literal(op.step)?,
+        bytes(&op.fingerprint.0),
+        response.status,
+        literal(&response.content_type)?,
+        bytes(&response.body),
+        text(encode_headers(&response.headers).as_deref())?,
+        millis(policy.retention),
+        if replace { replace_record!() } else { "" },
+    ))
+}
 
 const UPSERT_IN_PROGRESS: &str = "INSERT INTO idempotency_keys AS k \
      (scope, key, step, fingerprint, status, claim_token, created_at, locked_until, expires_at) \
@@ -374,6 +434,23 @@ impl Store for Postgres {
         .bind(encode_headers(&response.headers))
         .execute(conn)
         .await?;
+        Ok(())
+    }
+
+    async fn commit_completed<'a>(
+        mut tx: Transaction<'static, Self>,
+        op: &'a Operation,
+        response: &'a StoredResponse,
+        policy: &'a Policy,
+        replace: bool,
+    ) -> Result<(), sqlx::Error> {
+        let Some(message) = commit_message(op, response, policy, replace) else {
+            Self::write_completed(&mut tx, op, response, policy, replace).await?;
+            return tx.commit().await;
+        };
+        // A failed insert skips the rest of the message and leaves the
+        // transaction aborted; dropping `tx` rolls it back either way.
+        sqlx::Executor::execute(&mut *tx, message.as_str()).await?;
         Ok(())
     }
 
