@@ -6,12 +6,15 @@
 # \startpipeline): 9a is idem's protocol as a pipelining driver could send it
 # (4 round trips instead of 6), 9b the least any safe claim must do (lock and
 # read, the business write, the record; no read before the lock, so no cheap
-# replay). 10 is the engine's fresh path today (the lock-and-check message
-# and BEGIN pipelined, then the business write and the record), 11 the same
+# replay). 10 is the 4-round-trip fresh path (the lock-and-check message
+# and BEGIN pipelined, then the business write, the record, COMMIT), 11 the same
 # with one outbox message inserted as `outbox::enqueue` does, 12 that insert
 # pipelined with the record's (no round trip of its own): 11 and 12 against
 # 10 bound what enqueuing costs in any client; 13 is the guide's SQL (claim
-# insert, business write, completion update), the fresh path's yardstick.
+# insert, business write, completion update), the fresh path's yardstick; 14
+# is the fresh path as the engine ships it, in 3 round trips (the record's
+# insert travels with the COMMIT; pipelined and prepared here, where the
+# engine sends one simple-protocol message with literals).
 # Usage: run.sh "host=127.0.0.1 port=5432 user=postgres" [clients] [seconds]
 #
 # It creates a database `idem_pgbench`, applies idem's migrations and the
