@@ -12,7 +12,7 @@ use std::time::Duration;
 use axum::extract::{FromRef, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{post, MethodRouter};
+use axum::routing::post;
 use axum::Router;
 use idem::http::{HeaderScope, Json, XTenantId};
 use idem::outbox::{self, Backoff, Message, OutboxStore, Relay, WebhookSink};
@@ -98,24 +98,10 @@ pub trait OrderBook: OutboxStore {
     ) -> impl Future<Output = Result<(), String>> + Send;
     /// Every order: `(order_id, payment_id)`.
     fn all(pool: &Pool<Self>) -> impl Future<Output = sqlx::Result<Vec<(String, String)>>> + Send;
-    /// `POST /checkout`: this backend's `#[idempotent(http)]` handler.
-    fn checkout_route() -> MethodRouter<Orders<Self>>;
 }
 
 macro_rules! order_book {
-    ($db:ty, $connection:ty, $handler:ident) => {
-        /// `POST /checkout` on this backend: see [`place_order`].
-        #[idempotent(http, scope = "tenant", step = PLACE_ORDER, durable, lock_ttl = "2s")]
-        async fn $handler(
-            tx: &mut $connection,
-            State(orders): State<Orders<$db>>,
-            tenant: HeaderScope<XTenantId>,
-            key: IdempotencyKey,
-            #[fingerprint] Json(request): Json<CheckoutRequest>,
-        ) -> Response {
-            place_order::<$db>(tx, &orders, &tenant, &key, &request).await
-        }
-
+    ($db:ty, $connection:ty) => {
         impl OrderBook for $db {
             async fn create_table(pool: &Pool<Self>) -> sqlx::Result<()> {
                 sqlx::query(
@@ -151,16 +137,12 @@ macro_rules! order_book {
                     .fetch_all(pool)
                     .await
             }
-
-            fn checkout_route() -> MethodRouter<Orders<Self>> {
-                post($handler)
-            }
         }
     };
 }
 
-order_book!(Sqlite, SqliteConnection, checkout_sqlite);
-order_book!(Postgres, PgConnection, checkout_postgres);
+order_book!(Sqlite, SqliteConnection);
+order_book!(Postgres, PgConnection);
 
 /// Migrates the order service's store, validates the step registry against
 /// it and creates the `orders` table.
@@ -176,11 +158,23 @@ pub async fn prepare<DB: OrderBook>(
 /// The order service's routes (`POST /checkout`).
 pub fn router<DB: OrderBook>(orders: Orders<DB>) -> Router {
     Router::new()
-        .route("/checkout", DB::checkout_route())
+        .route("/checkout", post(checkout::<DB>))
         .with_state(orders)
 }
 
-/// `POST /checkout`: charge the card through payments with the derived key,
+/// `POST /checkout`, on either backend: see [`place_order`].
+#[idempotent(http, scope = "tenant", step = PLACE_ORDER, durable, lock_ttl = "2s")]
+async fn checkout<DB: OrderBook>(
+    tx: &mut DB::Connection,
+    State(orders): State<Orders<DB>>,
+    tenant: HeaderScope<XTenantId>,
+    key: IdempotencyKey,
+    #[fingerprint] Json(request): Json<CheckoutRequest>,
+) -> Response {
+    place_order::<DB>(tx, &orders, &tenant, &key, &request).await
+}
+
+/// Charge the card through payments with the derived key,
 /// record the order and enqueue its notification in the outbox; the order,
 /// the notification and this answer commit together, and every retry of the
 /// key gets this answer back without running again (nor enqueueing again:
