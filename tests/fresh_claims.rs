@@ -183,6 +183,29 @@ async fn a_completion_that_fails_rolls_the_work_back() {
     assert_connection_left_clean(&h).await;
 }
 
+/// A replay and a conflict on Postgres are the fresh-first message refused
+/// with SQLSTATE IDEMK: expected, so the server does not log them (the
+/// migration sets `log_min_messages` on the function when its role may).
+#[tokio::test]
+async fn refusals_stay_out_of_the_server_log() {
+    let Some(log) = idem_runtime::test_support::postgres().log_file() else {
+        return; // a server from IDEM_TEST_DATABASE_URL: its log is not ours to read
+    };
+    let h = support::postgres(Policy::default()).await;
+    let op = operation("acme", "k-quiet-log", 10);
+    assert_eq!(charge(&h, &op).await.unwrap(), Via::Executed);
+    assert_eq!(charge(&h, &op).await.unwrap(), Via::Replayed);
+    assert!(matches!(
+        charge(&h, &operation("acme", "k-quiet-log", 11)).await,
+        Err(IdemError::Mismatch)
+    ));
+    let text = std::fs::read_to_string(log).expect("server log");
+    assert!(
+        !text.contains("k-quiet-log"),
+        "the server logged a refusal:\n{text}"
+    );
+}
+
 /// A cached repeat is answered without the store (which is broken here);
 /// another request under the same key still goes to the store.
 async fn the_cache_answers_repeats_of_what_this_process_completed<DB: TestBackend>(h: Harness<DB>) {

@@ -197,6 +197,11 @@ impl PgServer {
         })
     }
 
+    /// The server's log file, for a cluster this process started.
+    pub fn log_file(&self) -> Option<&Path> {
+        self.cluster.as_ref().map(|cluster| cluster.log.as_path())
+    }
+
     /// The server's URL for database `name` (replacing any database the base URL names).
     pub fn url(&self, name: &str) -> String {
         let (base, query) = match self.base_url.split_once('?') {
