@@ -144,34 +144,28 @@ async fn assert_connection_left_clean<DB: TestBackend>(h: &Harness<DB>) {
 /// work's writes roll back, and the connection goes back to the pool
 /// outside any transaction. Postgres with advisory key locks only: nothing
 /// else lets another writer in while a claim holds its key.
-#[tokio::test]
-async fn a_completion_that_fails_rolls_the_work_back() {
-    let h = support::postgres(Policy::default()).await;
-    let pool = <sqlx::Postgres as TestBackend>::pool_of(h.db.url(), &Policy::default(), 1).await;
+async fn a_completion_that_fails_rolls_the_work_back<DB: TestBackend>(h: Harness<DB>) {
+    let pool = DB::pool_of(h.db.url(), &Policy::default(), 1).await;
     let h = h.with_engine(Engine::new(pool));
     assert_eq!(
         charge(&h, &operation("acme", "k-seed", 10)).await.unwrap(),
         Via::Executed
     );
-    let other = <sqlx::Postgres as TestBackend>::pool_of(h.db.url(), &Policy::default(), 1).await;
+    let other = DB::pool_of(h.db.url(), &Policy::default(), 1).await;
     let op = operation("acme", "k-intruder", 10);
     let outcome = h
         .engine
         .run(&op, async |tx| {
-            sqlx::query("INSERT INTO payments (tenant, amount) VALUES ('acme', 10)")
-                .execute(&mut *tx)
-                .await
-                .expect("payment");
-            sqlx::query(
+            DB::insert_payment(tx, "acme", 10).await.expect("payment");
+            DB::execute(
+                &other,
                 "INSERT INTO idempotency_keys (scope, key, step, fingerprint, status, response_status, \
                    response_content_type, response_body, created_at, locked_until, expires_at) \
                  SELECT scope, 'k-intruder', step, fingerprint, status, response_status, \
                    response_content_type, response_body, created_at, locked_until, expires_at \
                  FROM idempotency_keys WHERE key = 'k-seed'",
             )
-            .execute(&other)
-            .await
-            .expect("intruder");
+            .await;
             Ok::<i64, Problem>(1)
         })
         .await;
@@ -181,6 +175,11 @@ async fn a_completion_that_fails_rolls_the_work_back() {
     );
     assert_eq!(h.payments().await, 1, "only k-seed's payment");
     assert_connection_left_clean(&h).await;
+}
+
+#[tokio::test]
+async fn a_completion_that_fails_rolls_the_work_back_on_postgres() {
+    a_completion_that_fails_rolls_the_work_back(support::postgres(Policy::default()).await).await;
 }
 
 /// A replay and a conflict on Postgres are the fresh-first message refused
