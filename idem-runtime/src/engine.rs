@@ -425,7 +425,9 @@ impl<DB: Backend> Engine<DB> {
                         record: None,
                         holds_row: false,
                     };
-                    return self.claim_locked(op, policy, locked, None, asked).await;
+                    return self
+                        .claim_locked(op, policy, locked, None, asked, true)
+                        .await;
                 }
                 // Read under the lock: a replay or a refusal is final; an
                 // expired record or a crashed claim is claimed below.
@@ -486,11 +488,13 @@ impl<DB: Backend> Engine<DB> {
             }
             Err(error) => return self.store_down(op, &policy, error).await,
         };
-        self.claim_locked(op, policy, locked, permit, asked).await
+        self.claim_locked(op, policy, locked, permit, asked, false)
+            .await
     }
 
     /// The claim once the key's lock is held: decide from the record read
     /// under it, commit a durable claim's record, hand out the guard.
+    /// `fresh_first`: the lock came with the fresh-first message.
     async fn claim_locked(
         &self,
         op: &Operation,
@@ -498,6 +502,7 @@ impl<DB: Backend> Engine<DB> {
         locked: Locked<DB>,
         permit: Option<GatePermit>,
         asked: Instant,
+        fresh_first: bool,
     ) -> Result<Claim<DB>, IdemError> {
         let Locked {
             mut tx,
@@ -538,6 +543,7 @@ impl<DB: Backend> Engine<DB> {
             policy,
             via,
             replaces,
+            fresh_first,
             token,
             pool: self.pool.clone(),
             // A durable claim has committed its record and no longer holds the
@@ -574,6 +580,7 @@ impl<DB: Backend> Engine<DB> {
                 policy: *policy,
                 via: Via::FailedOpen,
                 replaces: true,
+                fresh_first: false,
                 token: None,
                 pool: self.pool.clone(),
                 permit: None,
@@ -603,6 +610,8 @@ pub struct ClaimGuard<DB: Backend> {
     via: Via,
     /// Whether the completed record replaces one the claim found (expired or taken over).
     replaces: bool,
+    /// Whether the claim was locked by the fresh-first message.
+    fresh_first: bool,
     token: Option<i64>,
     pool: Pool<DB>,
     /// This engine's write gate, held until commit or rollback.
@@ -672,6 +681,7 @@ impl<DB: Backend> ClaimGuard<DB> {
             policy,
             via,
             replaces,
+            fresh_first,
             token,
             pool,
             permit: _permit,
@@ -699,7 +709,7 @@ impl<DB: Backend> ClaimGuard<DB> {
                     other => other,
                 }
             }
-            (_, None) => DB::commit_completed(tx, &op, &response, &policy, replaces)
+            (_, None) => DB::commit_completed(tx, &op, &response, &policy, replaces, fresh_first)
                 .await
                 .map(|()| true),
         };

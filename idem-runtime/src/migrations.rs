@@ -53,6 +53,10 @@ pub struct Dialect {
     pub(crate) count_tables: &'static str,
     /// Taken before migrating, released after (Postgres: an advisory lock).
     pub(crate) lock: Option<(&'static str, &'static str)>,
+    /// Run on the migrating connection once its migrations are in (Postgres:
+    /// prepares the claims' statements, which a connection opened before
+    /// them could not).
+    pub(crate) after: Option<&'static str>,
 }
 
 /// The embedded migrations of backend `DB`.
@@ -222,7 +226,10 @@ where
     if let Some((lock, _)) = DB::MIGRATION_DIALECT.lock {
         conn.execute(lock).await?;
     }
-    let result = apply_missing::<DB>(&mut conn).await;
+    let mut result = apply_missing::<DB>(&mut conn).await;
+    if let (Ok(()), Some(after)) = (&result, DB::MIGRATION_DIALECT.after) {
+        result = conn.execute(after).await.map(|_| ()).map_err(Into::into);
+    }
     if let Some((_, unlock)) = DB::MIGRATION_DIALECT.lock {
         if let Err(error) = conn.execute(unlock).await {
             // A session lock must not go back to the pool with the connection.

@@ -176,13 +176,16 @@ mod sealed {
         ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'a;
 
         /// [`write_completed`](Store::write_completed), then commits `tx`. A
-        /// backend that can send both in one message overrides this.
+        /// backend that can send both in one message overrides this;
+        /// `fresh_first` says the claim was locked by
+        /// [`lock_if_fresh`](Store::lock_if_fresh) on `tx`'s connection.
         fn commit_completed<'a>(
             mut tx: Transaction<'static, Self>,
             op: &'a Operation,
             response: &'a StoredResponse,
             policy: &'a Policy,
             replace: bool,
+            _fresh_first: bool,
         ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'a {
             async move {
                 Self::write_completed(&mut tx, op, response, policy, replace).await?;

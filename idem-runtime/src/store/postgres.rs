@@ -8,27 +8,33 @@
 //! record is written once, just before the commit that carries the business
 //! writes: one tuple per operation, never an insert followed by an update.
 //!
-//! A claim starts fresh-first: the engine sends `SELECT idem_lock_if_fresh(…);
-//! BEGIN` as one simple-protocol message (the lock id, the wait and the key as
-//! literals). The function takes the key's lock and checks for a record in
+//! A claim starts fresh-first: the engine sends `EXECUTE idem_v1_lock(…);
+//! EXECUTE idem_v1_check(…); BEGIN` as one simple-protocol message (the lock
+//! id, the wait and the key as literals; the statements prepared in the
+//! session, so planned once per connection). The lock and the check run in
 //! the message's implicit transaction, which the trailing `BEGIN` turns into
 //! the claim's transaction: a fresh key is locked and its transaction open
-//! after one round trip, and the work's statements follow. A key with any
-//! record is refused with SQLSTATE `IDEMK`, which rolls the whole message back
-//! (lock included) and leaves the connection idle; the error's `DETAIL`
-//! carries the record read under the lock, so a replay, a mismatch or a live
-//! in-progress claim is answered from it, also in one round trip. Only an
-//! expired record or a crashed durable claim goes on to the full claim below
-//! (`BEGIN`, then the lock and the read in one statement). A free key's lock
-//! is taken with `pg_try_advisory_xact_lock`; only a busy one sets
-//! `lock_timeout` and waits. A key with no record gets a plain `INSERT` of its
-//! completed record; an expired or taken-over one, an upsert. The record and
-//! the `COMMIT` travel as one simple-protocol message (`INSERT …; COMMIT;
-//! BEGIN`, values as literals; bodies over 64 KiB are bound to a prepared
-//! insert instead), so a fresh key costs 3 round trips: the lock-and-check
-//! message, the work's statement, the commit message. The pool skips
-//! sqlx's ping before each acquire; sqlx still checks each connection it gets
-//! back with one exchange, off the request's path.
+//! after one round trip, and the work's statements follow. The check is its
+//! own statement, so it reads with a snapshot taken after the lock. A key
+//! with any record is refused with SQLSTATE `IDEMK`, which rolls the whole
+//! message back (lock included) and leaves the connection idle; the error's
+//! `DETAIL` carries the record read under the lock, so a replay, a mismatch or
+//! a live in-progress claim is answered from it, also in one round trip. Only
+//! an expired record, a crashed durable claim or a connection without the
+//! prepared statements goes on to the full claim below (`BEGIN`, then the lock
+//! and the read in one statement). A free key's lock is taken with
+//! `pg_try_advisory_xact_lock`; only a busy one sets `lock_timeout` and waits.
+//! A key with no record gets a plain `INSERT` of its completed record; an
+//! expired or taken-over one, an upsert. The record and the `COMMIT` travel as
+//! one message (`EXECUTE idem_v1_insert_completed(…); COMMIT; BEGIN`, values
+//! as literals; bodies over 64 KiB are bound to an insert instead), so a
+//! fresh key costs 3 round trips: the lock-and-check message, the work's
+//! statement, the commit message. Connections prepare the statements when
+//! they open ([`prepare_claims`], in the pool options of [`connect`] and
+//! [`pool_options`]) and the full claim's transaction prepares them when
+//! missing, so every completion runs on a connection that has them. The pool
+//! skips sqlx's ping before each acquire; sqlx still checks each connection
+//! it gets back with one exchange, off the request's path.
 //!
 //! With [`KeyLock::Row`], for Postgres-compatible engines without advisory
 //! locks, the key's own row is its lock instead: the claim bounds its wait
@@ -61,9 +67,10 @@ static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate::Migrator {
     ..sqlx::migrate!("../migrations/postgres")
 };
 
-/// Connects a pool configured for idem: no ping before each acquire (one round
-/// trip saved per operation), and an acquire timeout of `policy.wait_timeout`
-/// (at least 5 s) so a down server fails closed quickly.
+/// Connects a pool configured for idem: each new connection prepares the
+/// statements of a fresh key's claim ([`prepare_claims`]), no ping before each
+/// acquire (one round trip saved per operation), and an acquire timeout of
+/// `policy.wait_timeout` (at least 5 s) so a down server fails closed quickly.
 ///
 /// ```no_run
 /// # async fn demo() -> Result<(), sqlx::Error> {
@@ -88,7 +95,35 @@ pub fn pool_options(policy: &Policy, max_connections: u32) -> PgPoolOptions {
         .max_connections(max_connections)
         .test_before_acquire(false)
         .acquire_timeout(policy.wait_timeout.max(Duration::from_secs(5)))
+        .after_connect(|conn, _| Box::pin(prepare_claims(conn)))
 }
+
+/// Prepares, in `conn`'s session, the statements a fresh key's claim and its
+/// completion execute; a database that cannot (not migrated yet, its key
+/// table gone) leaves the connection as it is, as claims then do without. The
+/// pools of [`connect`] and [`pool_options`] call it on every new connection;
+/// a pool built otherwise can too, from its own `after_connect`. A claim on a
+/// connection without them still works: it is refused before anything runs
+/// (one `prepared statement does not exist` error in the server's log), and
+/// the key is claimed the full way, which prepares them.
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), sqlx::Error> {
+/// use idem_runtime::store::postgres;
+/// let pool = sqlx::postgres::PgPoolOptions::new()
+///     .after_connect(|conn, _| Box::pin(postgres::prepare_claims(conn)))
+///     .connect("postgres://localhost/app")
+///     .await?;
+/// # Ok(()) }
+/// ```
+pub async fn prepare_claims(conn: &mut PgConnection) -> Result<(), sqlx::Error> {
+    sqlx::Executor::execute(conn, PREPARE_CLAIMS).await?;
+    Ok(())
+}
+
+/// What [`prepare_claims`] sends.
+const PREPARE_CLAIMS: &str = "DO $$ BEGIN PERFORM idem_prepare_claims(); \
+     EXCEPTION WHEN OTHERS THEN NULL; END $$";
 
 /// The record's read, shared by the two statements below.
 macro_rules! select_record {
@@ -123,10 +158,19 @@ fn record(row: &PgRow) -> Result<Record, sqlx::Error> {
     })
 }
 
-/// The SQLSTATE `idem_lock_if_fresh` refuses a key with a record with.
+/// The SQLSTATE the fresh message's check refuses a key with a record with.
 const HAS_RECORD: &str = "IDEMK";
 
-/// The record `idem_lock_if_fresh` sends back in its error's DETAIL.
+/// The SQLSTATE of an `EXECUTE` of a statement this session has not prepared.
+const NOT_PREPARED: &str = "26000";
+
+/// Opens a full claim's transaction on a connection that then holds the
+/// prepared statements of the fresh path and of the completion (those the
+/// session lacks: one after a pooler's `DEALLOCATE ALL`, one opened by a pool
+/// without [`prepare_claims`]).
+const PREPARE_THEN_BEGIN: &str = "SELECT idem_prepare_claims(); BEGIN";
+
+/// The record the fresh message's check sends back in its error's DETAIL.
 #[derive(serde::Deserialize)]
 struct FoundRecord {
     status: String,
@@ -139,7 +183,7 @@ struct FoundRecord {
     response_headers: Option<String>,
 }
 
-/// Decodes a DETAIL of `idem_lock_if_fresh`; `None` if it is not one, or if
+/// Decodes the DETAIL of a refusal; `None` if it is not one, or if
 /// its stored response is unreadable (the claim then reads the record the
 /// ordinary way, which reports the corruption as a store error).
 fn record_from_detail(detail: &str) -> Option<Record> {
@@ -197,43 +241,29 @@ const INSERT_CLAIM_ROW: &str = "INSERT INTO idempotency_keys \
 
 const RESTORE_LOCK_WAIT: &str = "SELECT set_config('lock_timeout', $1, true)";
 
-/// The completed record's insert up to its values, shared by the statements below.
-macro_rules! insert_completed_into {
+/// The completed record's insert, its values bound (the migration prepares
+/// the same statement in each session as `idem_v1_insert_completed`).
+macro_rules! insert_completed {
     () => {
         "INSERT INTO idempotency_keys \
          (scope, key, step, fingerprint, status, response_status, response_content_type, response_body, \
-          response_headers, claim_token, created_at, locked_until, expires_at) VALUES "
-    };
-}
-
-/// The completed record's values as bound parameters.
-macro_rules! completed_parameters {
-    () => {
-        "($1, $2, $3, $4, 'completed', $5, $6, $7, $9, NULL, now(), now(), now() + $8 * interval '1 millisecond')"
-    };
-}
-
-/// What an upsert of the completed record changes in an expired or
-/// taken-over one.
-macro_rules! replace_record {
-    () => {
-        " \
-         ON CONFLICT (scope, key) DO UPDATE SET step = EXCLUDED.step, fingerprint = EXCLUDED.fingerprint, \
-           status = 'completed', response_status = EXCLUDED.response_status, \
-           response_content_type = EXCLUDED.response_content_type, response_body = EXCLUDED.response_body, \
-           response_headers = EXCLUDED.response_headers, claim_token = NULL, created_at = EXCLUDED.created_at, \
-           locked_until = EXCLUDED.locked_until, expires_at = EXCLUDED.expires_at"
+          response_headers, claim_token, created_at, locked_until, expires_at) \
+         VALUES ($1, $2, $3, $4, 'completed', $5, $6, $7, $9, NULL, now(), now(), now() + $8 * interval '1 millisecond')"
     };
 }
 
 /// The completed record, for a claim that found none.
-const INSERT_COMPLETED: &str = concat!(insert_completed_into!(), completed_parameters!());
+const INSERT_COMPLETED: &str = insert_completed!();
 
-/// The completed record, replacing an expired or taken-over one.
+/// The completed record, replacing an expired or taken-over one
+/// (`idem_v1_replace_completed` in a session).
 const UPSERT_COMPLETED: &str = concat!(
-    insert_completed_into!(),
-    completed_parameters!(),
-    replace_record!()
+    insert_completed!(),
+    " ON CONFLICT (scope, key) DO UPDATE SET step = EXCLUDED.step, fingerprint = EXCLUDED.fingerprint, \
+       status = 'completed', response_status = EXCLUDED.response_status, \
+       response_content_type = EXCLUDED.response_content_type, response_body = EXCLUDED.response_body, \
+       response_headers = EXCLUDED.response_headers, claim_token = NULL, created_at = EXCLUDED.created_at, \
+       locked_until = EXCLUDED.locked_until, expires_at = EXCLUDED.expires_at"
 );
 
 /// Bodies up to this size travel as literals in the commit message; a larger
@@ -241,40 +271,81 @@ const UPSERT_COMPLETED: &str = concat!(
 /// server at twice its size).
 const LITERAL_BODY_LIMIT: usize = 64 * 1024;
 
-/// The completed record's insert with its values as literals, then `COMMIT;
-/// BEGIN`: one simple-protocol message that stores the record and commits
-/// the claim. The empty transaction it leaves open is the one sqlx's
-/// [`Transaction`] ends with its queued `ROLLBACK` when dropped (sent with the
-/// pool's check on the connection's return, off the request's path). `None`
-/// when a value cannot travel as a literal (a NUL in text, a large body).
+/// `bound` with each parameter `$n` replaced by `values[n - 1]`, in one pass
+/// (a value's own text is never read as a parameter).
+fn spell_out(bound: &str, values: &[String]) -> String {
+    let mut sql =
+        String::with_capacity(bound.len() + values.iter().map(String::len).sum::<usize>());
+    let mut rest = bound;
+    while let Some(at) = rest.find('$') {
+        sql.push_str(&rest[..at]);
+        let digits = rest[at + 1..]
+            .find(|c: char| !c.is_ascii_digit())
+            .map_or(rest.len() - at - 1, |end| end);
+        let n: usize = rest[at + 1..at + 1 + digits]
+            .parse()
+            .expect("a bound parameter");
+        sql.push_str(&values[n - 1]);
+        rest = &rest[at + 1 + digits..];
+    }
+    sql.push_str(rest);
+    sql
+}
+
+/// The completed record's insert (or upsert, with `replace`) with its values
+/// as literals, then `COMMIT; BEGIN`: one simple-protocol message that stores
+/// the record and commits the claim. With `prepared` (the claim's
+/// fresh-first message executed this session's prepared statements) it
+/// executes `idem_v1_insert_completed`, planned once per connection;
+/// otherwise the statement itself. The empty transaction it leaves open is
+/// the one sqlx's [`Transaction`] ends with its queued `ROLLBACK` when
+/// dropped (sent with the pool's check on the connection's return, off the
+/// request's path). `None` when a value cannot travel as a literal (a NUL in
+/// text, a large body).
 fn commit_message(
     op: &Operation,
     response: &StoredResponse,
     policy: &Policy,
     replace: bool,
+    prepared: bool,
 ) -> Option<String> {
     if response.body.len() > LITERAL_BODY_LIMIT {
         return None;
     }
-    let text = |value: Option<&str>| value.map_or(Some("NULL".to_owned()), literal);
     let bytes = |value: &[u8]| format!("decode('{}', 'hex')", crate::hex::encode(value));
-    Some(format!(
-        concat!(
-            insert_completed_into!(),
-            "({}, {}, {}, {}, 'completed', {}, {}, {}, {}, NULL, now(), now(), \
-             now() + {}::float8 * interval '1 millisecond'){}; COMMIT; BEGIN"
-        ),
+    let headers = match encode_headers(&response.headers) {
+        Some(headers) => literal(&headers)?,
+        None => "NULL".to_owned(),
+    };
+    // In the order of the bound statements' parameters.
+    let values = [
         literal(op.scope.as_stored())?,
         literal(op.key.as_str())?,
         literal(op.step)?,
         bytes(&op.fingerprint.0),
-        response.status,
+        response.status.to_string(),
         literal(&response.content_type)?,
         bytes(&response.body),
-        text(encode_headers(&response.headers).as_deref())?,
-        millis(policy.retention),
-        if replace { replace_record!() } else { "" },
-    ))
+        millis(policy.retention).to_string(),
+        headers,
+    ];
+    let statement = if prepared {
+        format!(
+            "EXECUTE idem_v1_{}_completed({})",
+            if replace { "replace" } else { "insert" },
+            values.join(", ")
+        )
+    } else {
+        spell_out(
+            if replace {
+                UPSERT_COMPLETED
+            } else {
+                INSERT_COMPLETED
+            },
+            &values,
+        )
+    };
+    Some(statement + "; COMMIT; BEGIN")
 }
 
 const UPSERT_IN_PROGRESS: &str = "INSERT INTO idempotency_keys AS k \
@@ -321,6 +392,7 @@ impl Store for Postgres {
             "SELECT pg_advisory_lock(7594877498727753063)",
             "SELECT pg_advisory_unlock(7594877498727753063)",
         )),
+        after: Some(PREPARE_CLAIMS),
     };
 
     async fn run_migrations(pool: &Pool<Self>) -> Result<(), sqlx::migrate::MigrateError> {
@@ -340,8 +412,11 @@ impl Store for Postgres {
         key_lock: KeyLock,
     ) -> Result<Locked<Self>, sqlx::Error> {
         // sqlx's constructor for a transaction on a connection already taken
-        // from the pool (public, hidden from its docs; what `Pool::begin` calls).
-        let mut tx = Transaction::begin(conn, None).await?;
+        // from the pool (public, hidden from its docs; what `Pool::begin`
+        // calls); with advisory locks, opened after the fresh path's
+        // statements are prepared, for the connection's next claims.
+        let begin = (key_lock == KeyLock::Advisory).then_some(PREPARE_THEN_BEGIN.into());
+        let mut tx = Transaction::begin(conn, begin).await?;
         let wait_ms = i32::try_from(millis(policy.wait_timeout))
             .unwrap_or(i32::MAX)
             .max(1);
@@ -386,7 +461,7 @@ impl Store for Postgres {
             return Ok(Fresh::Found(None));
         };
         let statement = format!(
-            "SELECT idem_lock_if_fresh({}, {wait_ms}, {scope}, {key}); BEGIN",
+            "EXECUTE idem_v1_lock({}, {wait_ms}); EXECUTE idem_v1_check({scope}, {key}); BEGIN",
             op.lock_id(),
         );
         // sqlx's constructor for a transaction on a connection already taken
@@ -398,6 +473,11 @@ impl Store for Postgres {
                     .try_downcast_ref::<sqlx::postgres::PgDatabaseError>()
                     .and_then(|pg| pg.detail());
                 Ok(Fresh::Found(detail.and_then(record_from_detail)))
+            }
+            // A connection without the prepared statements yet: nothing ran;
+            // the full claim prepares them on the connection it gets.
+            Err(sqlx::Error::Database(db)) if db.code().as_deref() == Some(NOT_PREPARED) => {
+                Ok(Fresh::Found(None))
             }
             Err(error) => Err(error),
         }
@@ -443,8 +523,9 @@ impl Store for Postgres {
         response: &'a StoredResponse,
         policy: &'a Policy,
         replace: bool,
+        fresh_first: bool,
     ) -> Result<(), sqlx::Error> {
-        let Some(message) = commit_message(op, response, policy, replace) else {
+        let Some(message) = commit_message(op, response, policy, replace, fresh_first) else {
             Self::write_completed(&mut tx, op, response, policy, replace).await?;
             return tx.commit().await;
         };
@@ -640,5 +721,19 @@ impl crate::Engine<Postgres> {
     /// ```
     pub async fn connect_postgres(url: &str) -> Result<Self, sqlx::Error> {
         Ok(Self::new(connect(url, &Policy::default(), 8).await?))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parameters_are_spelled_out_once() {
+        let values = ["E'$2'".to_owned(), "E'$1 and $10'".to_owned()];
+        assert_eq!(
+            spell_out("VALUES ($1, $2) -- $2", &values),
+            "VALUES (E'$2', E'$1 and $10') -- E'$1 and $10'"
+        );
     }
 }

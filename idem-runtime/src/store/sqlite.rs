@@ -176,6 +176,7 @@ impl Store for Sqlite {
         )",
         count_tables: "SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = $1",
         lock: None,
+        after: None,
     };
 
     async fn run_migrations(pool: &Pool<Self>) -> Result<(), sqlx::migrate::MigrateError> {
