@@ -16,7 +16,8 @@
 -- before anything runs; the engine then claims the key the full way, whose
 -- transaction starts with idem_prepare_claims(), and completes it with the
 -- statement itself. Only a claim whose fresh message ran completes with
--- idem_v1_insert_completed.
+-- idem_v1_insert_completed. idem_lock_if_fresh stays for engines of earlier
+-- releases still running during a rolling deploy.
 
 CREATE OR REPLACE FUNCTION idem_wait_for_lock(p_lock bigint, p_wait_ms int)
 RETURNS boolean
@@ -49,7 +50,7 @@ DECLARE
 BEGIN
     SELECT coalesce(array_agg(name::text), '{}') INTO present
       FROM pg_prepared_statements WHERE name LIKE 'idem\_v1\_%';
-    IF cardinality(present) = 4 THEN
+    IF cardinality(present) = 3 THEN
         RETURN;
     END IF;
     FOREACH statement IN ARRAY ARRAY[
@@ -75,18 +76,7 @@ BEGIN
              (scope, key, step, fingerprint, status, response_status, response_content_type, response_body,
               response_headers, claim_token, created_at, locked_until, expires_at)
            VALUES ($1, $2, $3, $4, 'completed', $5, $6, $7, $9, NULL, now(), now(),
-                   now() + $8 * interval '1 millisecond')$s$,
-        $s$PREPARE idem_v1_replace_completed(text, text, text, bytea, smallint, text, bytea, float8, text) AS
-           INSERT INTO idempotency_keys
-             (scope, key, step, fingerprint, status, response_status, response_content_type, response_body,
-              response_headers, claim_token, created_at, locked_until, expires_at)
-           VALUES ($1, $2, $3, $4, 'completed', $5, $6, $7, $9, NULL, now(), now(),
-                   now() + $8 * interval '1 millisecond')
-           ON CONFLICT (scope, key) DO UPDATE SET step = EXCLUDED.step, fingerprint = EXCLUDED.fingerprint,
-             status = 'completed', response_status = EXCLUDED.response_status,
-             response_content_type = EXCLUDED.response_content_type, response_body = EXCLUDED.response_body,
-             response_headers = EXCLUDED.response_headers, claim_token = NULL, created_at = EXCLUDED.created_at,
-             locked_until = EXCLUDED.locked_until, expires_at = EXCLUDED.expires_at$s$
+                   now() + $8 * interval '1 millisecond')$s$
     ] LOOP
         IF NOT substring(statement FROM 'PREPARE (\w+)') = ANY (present) THEN
             EXECUTE statement;

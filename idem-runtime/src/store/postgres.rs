@@ -31,8 +31,10 @@
 //! fresh key costs 3 round trips: the lock-and-check message, the work's
 //! statement, the commit message. Connections prepare the statements when
 //! they open ([`prepare_claims`], in the pool options of [`connect`] and
-//! [`pool_options`]) and the full claim's transaction prepares them when
-//! missing, so every completion runs on a connection that has them. The pool
+//! [`pool_options`]); a full claim's transaction prepares those missing, for
+//! the connection's next claims, and writes its own record with the
+//! statement itself (only a claim whose fresh message ran is sure its
+//! connection has them). The pool
 //! skips sqlx's ping before each acquire; sqlx still checks each connection
 //! it gets back with one exchange, off the request's path.
 //!
@@ -255,8 +257,7 @@ macro_rules! insert_completed {
 /// The completed record, for a claim that found none.
 const INSERT_COMPLETED: &str = insert_completed!();
 
-/// The completed record, replacing an expired or taken-over one
-/// (`idem_v1_replace_completed` in a session).
+/// The completed record, replacing an expired or taken-over one.
 const UPSERT_COMPLETED: &str = concat!(
     insert_completed!(),
     " ON CONFLICT (scope, key) DO UPDATE SET step = EXCLUDED.step, fingerprint = EXCLUDED.fingerprint, \
@@ -295,8 +296,8 @@ fn spell_out(bound: &str, values: &[String]) -> String {
 /// The completed record's insert (or upsert, with `replace`) with its values
 /// as literals, then `COMMIT; BEGIN`: one simple-protocol message that stores
 /// the record and commits the claim. With `prepared` (the claim's
-/// fresh-first message executed this session's prepared statements) it
-/// executes `idem_v1_insert_completed`, planned once per connection;
+/// fresh-first message executed this session's prepared statements) the
+/// insert is `idem_v1_insert_completed`, planned once per connection;
 /// otherwise the statement itself. The empty transaction it leaves open is
 /// the one sqlx's [`Transaction`] ends with its queued `ROLLBACK` when
 /// dropped (sent with the pool's check on the connection's return, off the
@@ -329,12 +330,9 @@ fn commit_message(
         millis(policy.retention).to_string(),
         headers,
     ];
-    let statement = if prepared {
-        format!(
-            "EXECUTE idem_v1_{}_completed({})",
-            if replace { "replace" } else { "insert" },
-            values.join(", ")
-        )
+    // A fresh-first claim found no record: it never replaces one.
+    let statement = if prepared && !replace {
+        format!("EXECUTE idem_v1_insert_completed({})", values.join(", "))
     } else {
         spell_out(
             if replace {
