@@ -1,8 +1,10 @@
 //! The fresh-first claim, the one-message completion and the replay cache on
 //! real stores: keys, scopes and responses that need quoting travel intact,
 //! a repeat is answered from the record read under the lock, a completion
-//! that fails rolls the work back and leaves its connection clean, and the
-//! cache answers only what the store would, until the record's expiry.
+//! that fails rolls the work back and leaves its connection clean, a
+//! Postgres connection without the fresh path's prepared statements still
+//! claims (the full way, which prepares them), and the cache answers only
+//! what the store would, until the record's expiry.
 
 mod support;
 
@@ -215,6 +217,18 @@ async fn prepared_on(conn: &mut sqlx::PgConnection) -> i64 {
     .unwrap()
 }
 
+/// How many times this session executed its prepared statement `name`.
+async fn executions(conn: &mut sqlx::PgConnection, name: &str) -> i64 {
+    sqlx::query_scalar(
+        "SELECT coalesce(sum(generic_plans + custom_plans), 0)::int8 \
+         FROM pg_prepared_statements WHERE name = $1",
+    )
+    .bind(name)
+    .fetch_one(conn)
+    .await
+    .unwrap()
+}
+
 /// A pool built without idem's options opens connections without the
 /// prepared statements: the fresh message is refused before anything runs,
 /// the key is claimed the full way (which prepares them), and the next key on
@@ -234,7 +248,11 @@ async fn a_connection_without_the_prepared_statements_claims_the_full_way() {
     };
     let op = operation("acme", "k-unprepared", 10);
     assert_eq!(charge(&plain, &op).await.unwrap(), Via::Executed);
-    assert_eq!(prepared_on(&mut pool.acquire().await.unwrap()).await, 3);
+    let mut conn = pool.acquire().await.unwrap();
+    assert_eq!(prepared_on(&mut conn).await, 3);
+    // The full way wrote its record with the statement itself.
+    assert_eq!(executions(&mut conn, "idem_v1_insert_completed").await, 0);
+    drop(conn);
     assert_eq!(charge(&plain, &op).await.unwrap(), Via::Replayed);
     assert!(matches!(
         charge(&plain, &operation("acme", "k-unprepared", 11)).await,
@@ -243,6 +261,11 @@ async fn a_connection_without_the_prepared_statements_claims_the_full_way() {
     let op = operation("acme", "k-prepared", 10);
     assert_eq!(charge(&plain, &op).await.unwrap(), Via::Executed);
     assert_eq!(charge(&plain, &op).await.unwrap(), Via::Replayed);
+    let mut conn = pool.acquire().await.unwrap();
+    // The fresh path: the replay, the mismatch, this key and its replay.
+    assert_eq!(executions(&mut conn, "idem_v1_check").await, 4);
+    assert_eq!(executions(&mut conn, "idem_v1_insert_completed").await, 1);
+    drop(conn);
 
     sqlx::query("DEALLOCATE idem_v1_check")
         .execute(&pool)
