@@ -5,10 +5,11 @@
 
 #[path = "../examples/services/payments.rs"]
 mod payments;
+mod support;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use idem::policy::ClaimMode;
@@ -272,26 +273,6 @@ impl Held {
     }
 }
 
-/// Captures what the client logs on this thread, as text.
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
-
-impl std::io::Write for Captured {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl Captured {
-    fn text(&self) -> String {
-        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
-    }
-}
-
 /// The service committed, the answer was lost on the way back; the retry
 /// carries the same key and gets the stored answer, replayed. One payment.
 async fn lost_answer_then_replay(db: Db) {
@@ -302,14 +283,9 @@ async fn lost_answer_then_replay(db: Db) {
     let key = IdempotencyKey::random();
     svc.proxy.lose_answers(1);
 
-    let logs = Captured::default();
-    let writer = logs.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_writer(move || writer.clone())
-        .with_ansi(false)
-        .finish();
+    let logs = support::Captured::default();
     let response = {
-        let _guard = tracing::subscriber::set_default(subscriber);
+        let _guard = tracing::subscriber::set_default(logs.subscriber());
         pay(&http, &svc.payments(), "acme", &key, &body(2500))
             .await
             .expect("an answer")

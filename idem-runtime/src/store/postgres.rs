@@ -475,6 +475,15 @@ impl Store for Postgres {
             // A connection without the prepared statements yet: nothing ran;
             // the full claim prepares them on the connection it gets.
             Err(sqlx::Error::Database(db)) if db.code().as_deref() == Some(NOT_PREPARED) => {
+                static SAID: std::sync::Once = std::sync::Once::new();
+                SAID.call_once(|| {
+                    tracing::warn!(
+                        "a pool connection lacks idem's prepared statements, so its claims take \
+                         the full way (slower, and an error line in the server's log each time): \
+                         build the pool with idem_runtime::store::postgres::pool_options, or call \
+                         prepare_claims from its after_connect"
+                    );
+                });
                 Ok(Fresh::Found(None))
             }
             Err(error) => Err(error),
