@@ -15,7 +15,7 @@ use idem_runtime::{
     Scope, Via,
 };
 
-use support::{Harness, TestBackend};
+use support::{operation, Harness, TestBackend};
 
 support::on_each_store! {
     stores: sqlite, postgres, postgres_row_lock;
@@ -78,15 +78,6 @@ fn _engines_are_send_sync(
     postgres: Engine<sqlx::Postgres>,
 ) -> impl Send + Sync {
     (sqlite, postgres)
-}
-
-fn operation(tenant: &str, key: &str, amount: i64) -> Operation {
-    Operation::new(
-        Scope::tenant(tenant),
-        IdempotencyKey::new(key).unwrap(),
-        "charge-card.v1",
-        &amount,
-    )
 }
 
 /// The business write: one payment row, answered with the amount.

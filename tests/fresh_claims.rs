@@ -8,30 +8,8 @@ mod support;
 
 use std::time::Duration;
 
-use idem_runtime::{
-    Engine, IdemError, IdempotencyKey, Operation, Policy, Problem, ReplayCache, Scope,
-    StoredResponse, Via,
-};
-use support::{Harness, TestBackend};
-
-fn operation(scope: &str, key: &str, amount: i64) -> Operation {
-    Operation::new(
-        Scope::tenant(scope),
-        IdempotencyKey::new(key).unwrap(),
-        "charge-card.v1",
-        &amount,
-    )
-}
-
-async fn charge<DB: TestBackend>(h: &Harness<DB>, op: &Operation) -> Result<Via, IdemError> {
-    h.engine
-        .run(op, async |tx| {
-            DB::insert_payment(tx, "acme", 1).await?;
-            Ok::<i64, Problem>(1)
-        })
-        .await
-        .map(|answer| answer.via)
-}
+use idem_runtime::{Engine, IdemError, Policy, Problem, ReplayCache, StoredResponse, Via};
+use support::{charge, operation, Harness, TestBackend};
 
 /// Quotes, backslashes, dollar quotes and non-ASCII scopes: each key is its
 /// own, executed once, replayed after, refused with another request.

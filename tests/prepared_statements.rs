@@ -6,27 +6,8 @@
 
 mod support;
 
-use idem_runtime::{Engine, IdemError, IdempotencyKey, Operation, Policy, Problem, Scope, Via};
-use support::{Harness, TestBackend};
-
-fn operation(scope: &str, key: &str, amount: i64) -> Operation {
-    Operation::new(
-        Scope::tenant(scope),
-        IdempotencyKey::new(key).unwrap(),
-        "charge-card.v1",
-        &amount,
-    )
-}
-
-async fn charge<DB: TestBackend>(h: &Harness<DB>, op: &Operation) -> Result<Via, IdemError> {
-    h.engine
-        .run(op, async |tx| {
-            DB::insert_payment(tx, "acme", 1).await?;
-            Ok::<i64, Problem>(1)
-        })
-        .await
-        .map(|answer| answer.via)
-}
+use idem_runtime::{Engine, IdemError, Policy, Via};
+use support::{charge, operation, Harness};
 
 /// The prepared statements of a connection's session, by name.
 async fn prepared_on(conn: &mut sqlx::PgConnection) -> i64 {

@@ -48,7 +48,9 @@ macro_rules! on_each_store {
 pub(crate) use on_each_store;
 
 use idem_runtime::test_support::TestDb;
-use idem_runtime::{Backend, Engine, IdempotencyKey, Operation, Policy, Problem, Scope};
+use idem_runtime::{
+    Backend, Engine, IdemError, IdempotencyKey, Operation, Policy, Problem, Scope, Via,
+};
 use sqlx::{Pool, Postgres, Sqlite};
 
 /// What each test gets: an engine on its own store.
@@ -188,6 +190,28 @@ impl<DB: TestBackend> Harness<DB> {
     }
 }
 
+/// The tests' operation: charging `amount` under `key`, scoped by `tenant`.
+pub fn operation(tenant: &str, key: &str, amount: i64) -> Operation {
+    Operation::new(
+        Scope::tenant(tenant),
+        IdempotencyKey::new(key).expect("key"),
+        "charge-card.v1",
+        &amount,
+    )
+}
+
+/// Runs `op` with one payment row for `acme` as its work; answers how it
+/// was answered.
+pub async fn charge<DB: TestBackend>(h: &Harness<DB>, op: &Operation) -> Result<Via, IdemError> {
+    h.engine
+        .run(op, async |tx| {
+            DB::insert_payment(tx, "acme", 1).await?;
+            Ok::<i64, Problem>(1)
+        })
+        .await
+        .map(|answer| answer.via)
+}
+
 /// A harness on a fresh SQLite file.
 pub async fn sqlite(policy: Policy) -> Harness<Sqlite> {
     Harness::new(policy).await
@@ -268,12 +292,7 @@ pub async fn child_entry<DB: TestBackend>(_store: impl AsyncFn(Policy) -> Harnes
     );
     let amount: i64 = var("IDEM_CHILD_AMOUNT").parse().expect("amount");
     let engine = Engine::new(DB::pool(&url, &Policy::default()).await);
-    let op = Operation::new(
-        Scope::tenant(&tenant),
-        IdempotencyKey::new(key).expect("key"),
-        "charge-card.v1",
-        &amount,
-    );
+    let op = operation(&tenant, &key, amount);
     let abort_before_commit = mode == "before-commit";
     let scope = op.scope().to_string();
     let done = engine
