@@ -13,6 +13,7 @@ mod alloc;
 mod charge;
 mod delay;
 mod fingerprint;
+mod floors;
 mod growth;
 mod lite;
 mod measure;
@@ -54,6 +55,8 @@ struct Config {
     only: Option<String>,
     /// Only these throughput scenarios (by label), for profiling one of them.
     scenarios: Option<Vec<String>>,
+    /// Price each statement of the fresh Postgres path.
+    floors: bool,
 }
 
 fn parse_args() -> Result<Config, BenchError> {
@@ -71,6 +74,7 @@ fn parse_args() -> Result<Config, BenchError> {
         md: None,
         only: None,
         scenarios: None,
+        floors: false,
     };
     let mut growth = false;
     let mut growth_sizes = vec![0, 1_000_000, 5_000_000];
@@ -86,6 +90,7 @@ fn parse_args() -> Result<Config, BenchError> {
                 cfg.storm_attempts = 16;
                 cfg.fingerprint_iterations = 2_000;
                 cfg.growth = Some((vec![0, 1_000, 5_000], 2_000, Duration::from_secs(10)));
+                cfg.floors = true;
             }
             "--quick" => {
                 cfg.mode = "quick";
@@ -94,6 +99,10 @@ fn parse_args() -> Result<Config, BenchError> {
                 cfg.storm_keys = 10;
             }
             "--growth" => growth = true,
+            "--floors" => {
+                cfg.floors = true;
+                cfg.only = Some("floors".into());
+            }
             "--growth-sizes" => {
                 growth_sizes = value("--growth-sizes")?
                     .split(',')
@@ -127,7 +136,7 @@ fn parse_args() -> Result<Config, BenchError> {
             "--bench" => {} // passed by `cargo bench`
             "-h" | "--help" => {
                 println!(
-                    "idem-bench [--smoke | --quick] [--rounds N] [--ops N] [--growth [--growth-sizes 0,1000000,5000000]] [--only postgres|sqlite|outbox] [--scenarios idem,seed-sql,...] [--clients 1,8,32] [--out FILE.json] [--svg FILE.svg] [--md FILE.md]"
+                    "idem-bench [--smoke | --quick] [--rounds N] [--ops N] [--growth [--growth-sizes 0,1000000,5000000]] [--floors] [--only postgres|sqlite|outbox] [--scenarios idem,seed-sql,...] [--clients 1,8,32] [--out FILE.json] [--svg FILE.svg] [--md FILE.md]"
                 );
                 std::process::exit(0);
             }
@@ -234,6 +243,13 @@ async fn run(cfg: Config) -> Result<Report, BenchError> {
         let ops = (cfg.ops / 10).clamp(10, 300);
         netdelay = Some(netdelay::run(&pg, ops, cfg.rounds, &run_id).await?);
     }
+    let floors = if cfg.floors {
+        eprintln!("== postgres: the fresh path a statement at a time ==");
+        let pg = pg::Pg::setup(&server, connections).await?;
+        Some(floors::run(&pg, connections, &cfg.clients, cfg.ops, cfg.rounds, &run_id).await?)
+    } else {
+        None
+    };
     let dir = tempfile::Builder::new().prefix("idem-bench-").tempdir()?;
     if wants("sqlite") {
         let lite = lite::Lite::setup(&dir.path().join("bench.db"), connections).await?;
@@ -276,6 +292,7 @@ async fn run(cfg: Config) -> Result<Report, BenchError> {
         growth,
         outbox,
         netdelay,
+        floors,
     })
 }
 

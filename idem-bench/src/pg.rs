@@ -87,6 +87,11 @@ impl Pg {
         })
     }
 
+    /// How to reach the database.
+    pub fn connect_options(&self) -> PgConnectOptions {
+        self.options.clone()
+    }
+
     /// The server's address.
     pub fn address(&self) -> Result<std::net::SocketAddr, BenchError> {
         use std::net::ToSocketAddrs;
@@ -169,17 +174,7 @@ impl Target for Pg {
     }
 
     fn unprotected(&self) -> BoxFut<Result<(), BenchError>> {
-        let pool = self.pool.clone();
-        Box::pin(async move {
-            let mut tx = pool.begin().await?;
-            let _: i64 = sqlx::query_scalar(BUSINESS)
-                .bind(TENANT)
-                .bind(REQUEST.0)
-                .bind(REQUEST.1)
-                .fetch_one(&mut *tx)
-                .await?;
-            Ok(tx.commit().await?)
-        })
+        Box::pin(unprotected(self.pool.clone()))
     }
 
     fn same_writes(&self, key: String) -> BoxFut<Result<(), BenchError>> {
@@ -242,9 +237,21 @@ impl Target for Pg {
     }
 }
 
+/// `BEGIN`, the business insert, `COMMIT`.
+pub async fn unprotected(pool: PgPool) -> Result<(), BenchError> {
+    let mut tx = pool.begin().await?;
+    let _: i64 = sqlx::query_scalar(BUSINESS)
+        .bind(TENANT)
+        .bind(REQUEST.0)
+        .bind(REQUEST.1)
+        .fetch_one(&mut *tx)
+        .await?;
+    Ok(tx.commit().await?)
+}
+
 /// The guide's SQL for one key; with `replay`, a completed key is answered
 /// from its stored row instead of failing.
-async fn seed(pool: sqlx::PgPool, key: String, replay: bool) -> Result<(), BenchError> {
+pub async fn seed(pool: sqlx::PgPool, key: String, replay: bool) -> Result<(), BenchError> {
     let hash = user_hash();
     let mut tx = pool.begin().await?;
     let claimed: Option<String> = sqlx::query_scalar(SEED_CLAIM)

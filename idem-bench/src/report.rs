@@ -5,6 +5,7 @@ use std::fmt::Write as _;
 use serde::Serialize;
 
 use crate::fingerprint::FingerprintResult;
+use crate::floors::FloorsResult;
 use crate::growth::GrowthResult;
 use crate::netdelay::NetDelayResult;
 use crate::outbox::{OutboxResult, ENQUEUE_TARGET, LATENCY_P50_TARGET_MS, RELAY_TARGET};
@@ -64,6 +65,8 @@ pub struct Report {
     pub outbox: Option<OutboxResult>,
     /// Postgres at one client through the delaying proxy.
     pub netdelay: Option<NetDelayResult>,
+    /// What each statement of the fresh Postgres path costs (`--floors`).
+    pub floors: Option<FloorsResult>,
 }
 
 fn throughput(b: &BackendReport, scenario: &str, clients: usize) -> Option<f64> {
@@ -184,8 +187,10 @@ pub fn markdown(r: &Report) -> String {
         }
         s.push('\n');
     }
-    let _ = writeln!(s, "| ratio | backend | clients | value | target | met |");
-    let _ = writeln!(s, "|---|---|---:|---:|---:|---|");
+    if !r.ratios.is_empty() {
+        let _ = writeln!(s, "| ratio | backend | clients | value | target | met |");
+        let _ = writeln!(s, "|---|---|---:|---:|---:|---|");
+    }
     for x in &r.ratios {
         let (target, met) = match x.target {
             Some(t) => (
@@ -221,6 +226,9 @@ idem p50 ÷ seed-sql p50 through the delay: **{:.2}** (target ≤ 1: {})\n",
                 if idem <= seed { "met" } else { "**not met**" }
             );
         }
+    }
+    if let Some(f) = &r.floors {
+        floors_table(&mut s, f);
     }
     let storms: Vec<&BackendReport> = r.backends.iter().filter(|b| b.storm.is_some()).collect();
     if !storms.is_empty() {
@@ -350,4 +358,45 @@ enqueue → publish at {}/s ({} messages, postgres outbox, one relay): p50 **{:.
             l.p99_ms
         );
     }
+}
+
+/// The `--floors` table: a row per variant, a column per client count, each
+/// cell the median (and quartiles) of the variant ÷ the guide's SQL.
+fn floors_table(s: &mut String, f: &FloorsResult) {
+    let mut clients: Vec<usize> = f.rows.iter().map(|row| row.clients).collect();
+    clients.sort_unstable();
+    clients.dedup();
+    let _ = writeln!(
+        s,
+        "Postgres, the fresh path a statement at a time: ops/s ÷ the guide's SQL's in the \
+         same round, median (quartiles) of {} rounds\n",
+        f.rounds
+    );
+    let header: Vec<String> = clients
+        .iter()
+        .map(|&c| format!("{c} client{}", if c == 1 { "" } else { "s" }))
+        .collect();
+    let _ = writeln!(s, "| variant | {} |", header.join(" | "));
+    let _ = writeln!(s, "|---|{}", "---:|".repeat(clients.len()));
+    let mut variants: Vec<&str> = Vec::new();
+    for row in &f.rows {
+        if !variants.contains(&row.variant) {
+            variants.push(row.variant);
+        }
+    }
+    for variant in variants {
+        let cells: Vec<String> = clients
+            .iter()
+            .map(|&c| {
+                f.rows
+                    .iter()
+                    .find(|row| row.variant == variant && row.clients == c)
+                    .map_or("–".into(), |row| {
+                        format!("{:.2} ({:.2}–{:.2})", row.median, row.q1, row.q3)
+                    })
+            })
+            .collect();
+        let _ = writeln!(s, "| {variant} | {} |", cells.join(" | "));
+    }
+    s.push('\n');
 }

@@ -108,8 +108,8 @@ impl ReplayCache {
     /// The stored response for `op`, if the cache holds its key with the
     /// same fingerprint and the entry has not expired.
     pub(crate) fn get(&self, op: &Operation) -> Option<StoredResponse> {
-        let mut inner = self.lock();
         let slot = (op.scope.as_stored().to_owned(), op.key.as_str().to_owned());
+        let mut inner = self.lock();
         let entry = inner.entries.get(&slot)?;
         if entry.expires <= Instant::now() {
             let size = entry.size;
