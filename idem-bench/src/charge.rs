@@ -13,6 +13,8 @@ use idem::{
 };
 use sha2::{Digest, Sha256};
 
+use crate::target::{BenchError, TENANT};
+
 steps! {
     /// The benchmark's one step.
     pub const CHARGE_CARD = "charge-card.v1";
@@ -59,6 +61,15 @@ pub trait Business: Backend {
         conn: &'c mut Self::Connection,
         tenant: &'c str,
     ) -> impl Future<Output = Result<i64, Problem>> + Send + 'c;
+}
+
+/// The unprotected write: `BEGIN`, the business insert, `COMMIT`.
+pub async fn unprotected<DB: Business>(pool: sqlx::Pool<DB>) -> Result<(), BenchError> {
+    let mut tx = pool.begin().await?;
+    DB::business(&mut tx, TENANT)
+        .await
+        .map_err(|problem| problem.to_string())?;
+    Ok(tx.commit().await?)
 }
 
 /// The `idem-macro` scenario's handler.

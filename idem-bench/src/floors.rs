@@ -20,7 +20,7 @@ use idem_runtime::{Engine, Policy, Via};
 use serde::Serialize;
 use sqlx::{Executor, PgPool, Postgres, Transaction};
 
-use crate::charge::{keyed, Business, CHARGE_CARD};
+use crate::charge::{keyed, unprotected, Business, CHARGE_CARD};
 use crate::measure::{drive, median, op, OpFn};
 use crate::pg::{self, Pg};
 use crate::target::{BenchError, TENANT};
@@ -240,7 +240,7 @@ fn floor_op(pool: &PgPool, engine: &Engine<Postgres>, floor: Floor, prefix: Stri
         async move {
             match floor {
                 Floor::SeedSql => pg::seed(pool, key, false).await,
-                Floor::Unprotected => pg::unprotected(pool).await,
+                Floor::Unprotected => unprotected(pool).await,
                 Floor::Engine => match keyed(&engine, key, TENANT.to_string()).await? {
                     Via::Executed => Ok(()),
                     via => Err(format!("fresh key answered via {via}").into()),

@@ -8,7 +8,7 @@ use idem_runtime::{Engine, IdemError, Policy, Problem, Via};
 use sqlx::{Sqlite, SqlitePool};
 
 use crate::charge::{
-    keyed, replay_cache, through_macro, user_hash, Business, CHARGE_CARD, REQUEST,
+    keyed, replay_cache, through_macro, unprotected, user_hash, Business, CHARGE_CARD, REQUEST,
 };
 use crate::target::{BenchError, BoxFut, Target, TENANT};
 
@@ -136,17 +136,7 @@ impl Target for Lite {
     }
 
     fn unprotected(&self) -> BoxFut<Result<(), BenchError>> {
-        let pool = self.pool.clone();
-        Box::pin(async move {
-            let mut tx = pool.begin().await?;
-            let _: i64 = sqlx::query_scalar(BUSINESS)
-                .bind(TENANT)
-                .bind(REQUEST.0)
-                .bind(REQUEST.1)
-                .fetch_one(&mut *tx)
-                .await?;
-            Ok(tx.commit().await?)
-        })
+        Box::pin(unprotected(self.pool.clone()))
     }
 
     fn same_writes(&self, key: String) -> BoxFut<Result<(), BenchError>> {
@@ -240,12 +230,9 @@ async fn seed(pool: SqlitePool, key: String, replay: bool) -> Result<(), BenchEr
         }
         return Ok(());
     }
-    let id: i64 = sqlx::query_scalar(BUSINESS)
-        .bind(TENANT)
-        .bind(REQUEST.0)
-        .bind(REQUEST.1)
-        .fetch_one(&mut *tx)
-        .await?;
+    let id = Sqlite::business(&mut tx, TENANT)
+        .await
+        .map_err(|problem| problem.to_string())?;
     sqlx::query(SEED_COMPLETE)
         .bind(TENANT)
         .bind(&key)

@@ -7,7 +7,7 @@ use sqlx::postgres::PgConnectOptions;
 use sqlx::{PgPool, Postgres};
 
 use crate::charge::{
-    keyed, replay_cache, through_macro, user_hash, Business, CHARGE_CARD, REQUEST,
+    keyed, replay_cache, through_macro, unprotected, user_hash, Business, CHARGE_CARD, REQUEST,
 };
 use crate::target::{BenchError, BoxFut, Target, TENANT};
 
@@ -237,18 +237,6 @@ impl Target for Pg {
     }
 }
 
-/// `BEGIN`, the business insert, `COMMIT`.
-pub async fn unprotected(pool: PgPool) -> Result<(), BenchError> {
-    let mut tx = pool.begin().await?;
-    let _: i64 = sqlx::query_scalar(BUSINESS)
-        .bind(TENANT)
-        .bind(REQUEST.0)
-        .bind(REQUEST.1)
-        .fetch_one(&mut *tx)
-        .await?;
-    Ok(tx.commit().await?)
-}
-
 /// The guide's SQL for one key; with `replay`, a completed key is answered
 /// from its stored row instead of failing.
 pub async fn seed(pool: sqlx::PgPool, key: String, replay: bool) -> Result<(), BenchError> {
@@ -277,12 +265,9 @@ pub async fn seed(pool: sqlx::PgPool, key: String, replay: bool) -> Result<(), B
         }
         return Ok(());
     }
-    let id: i64 = sqlx::query_scalar(BUSINESS)
-        .bind(TENANT)
-        .bind(REQUEST.0)
-        .bind(REQUEST.1)
-        .fetch_one(&mut *tx)
-        .await?;
+    let id = Postgres::business(&mut tx, TENANT)
+        .await
+        .map_err(|problem| problem.to_string())?;
     sqlx::query(SEED_COMPLETE)
         .bind(TENANT)
         .bind(&key)
