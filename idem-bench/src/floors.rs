@@ -5,11 +5,12 @@
 //! `COMMIT` in one message), written out by hand so that one piece at a time
 //! can change: the first message carries nothing (`BEGIN` alone, unsafe),
 //! `SELECT 1`, the lock alone, the check alone, both as shipped, or both in
-//! one PL/pgSQL or SQL-function call; or the record goes into a copy of the key table whose
-//! `expires_at` index is a b-tree (as shipped), a BRIN index or none. The
-//! guide's SQL, the unprotected write and the engine itself run beside them on
-//! the same pool. Each figure is the median over rounds of the variant's
-//! throughput ÷ the guide's SQL's in the same round, with the quartiles.
+//! one PL/pgSQL or SQL-function call; or the record goes into a copy of the
+//! key table whose `expires_at` index is a b-tree (as shipped), a BRIN index
+//! or none. The guide's SQL, the unprotected write and the engine itself run
+//! beside them on the same pool. Each figure is the median over rounds of the
+//! variant's throughput ÷ the guide's SQL's in the same round, with the
+//! quartiles.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicI64, Ordering};
