@@ -5,9 +5,11 @@
 //! ```text
 //! cargo run --release -p idem-bench -- [--smoke | --quick] [--rounds N] [--ops N]
 //!     [--growth] [--out docs/bench-results.json] [--svg docs/bench.svg] [--md FILE]
+//! cargo run --release -p idem-bench -- --floors [--rounds N] [--ops N] [--clients 1,8,32]
 //! ```
 //!
-//! See `docs/BENCHMARKS.md`.
+//! `--floors` runs only the fresh Postgres path a statement at a time
+//! ([`floors`]). See `docs/BENCHMARKS.md`.
 
 mod alloc;
 mod charge;
