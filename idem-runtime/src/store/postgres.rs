@@ -34,9 +34,9 @@
 //! [`pool_options`]); a full claim's transaction prepares those missing, for
 //! the connection's next claims, and writes its own record with the
 //! statement itself (only a claim whose fresh message ran is sure its
-//! connection has them). The pool
-//! skips sqlx's ping before each acquire; sqlx still checks each connection
-//! it gets back with one exchange, off the request's path.
+//! connection has them). The pool skips sqlx's ping before each acquire;
+//! sqlx still checks each connection it gets back with one exchange, off the
+//! request's path.
 //!
 //! With [`KeyLock::Row`], for Postgres-compatible engines without advisory
 //! locks, the key's own row is its lock instead: the claim bounds its wait
