@@ -5,9 +5,11 @@
 //! `COMMIT` in one message), written out by hand so that one piece at a time
 //! can change: the first message carries nothing (`BEGIN` alone, unsafe),
 //! `SELECT 1`, the lock alone, the check alone, both as shipped, or both in
-//! one PL/pgSQL or SQL-function call; or the record goes into a copy of the
-//! key table whose `expires_at` index is a b-tree (as shipped), a BRIN index
-//! or none. The guide's SQL, the unprotected write and the engine itself run
+//! one PL/pgSQL or SQL-function call; or the key's own row is its lock (an
+//! `in_progress` insert, then an update to the completed record: the design
+//! of `KeyLock::Row` as prepared statements); or the record goes into a copy
+//! of the key table whose `expires_at` index is a b-tree (as shipped), a BRIN
+//! index or none. The guide's SQL, the unprotected write and the engine itself run
 //! beside them on the same pool. Each figure is the median over rounds of the
 //! variant's throughput ÷ the guide's SQL's in the same round, with the
 //! quartiles.
@@ -43,10 +45,12 @@ enum Floor {
     BtreeCopy,
     NoIndex,
     Brin,
+    RowClaim,
+    RowClaimBounded,
 }
 
 impl Floor {
-    const ALL: [Floor; 13] = [
+    const ALL: [Floor; 15] = [
         Floor::SeedSql,
         Floor::Unprotected,
         Floor::NoLock,
@@ -60,6 +64,8 @@ impl Floor {
         Floor::BtreeCopy,
         Floor::NoIndex,
         Floor::Brin,
+        Floor::RowClaim,
+        Floor::RowClaimBounded,
     ];
 
     fn label(self) -> &'static str {
@@ -77,6 +83,12 @@ impl Floor {
             Floor::BtreeCopy => "shipped, record into a copy: `expires_at` b-tree",
             Floor::NoIndex => "shipped, record into a copy: no `expires_at` index",
             Floor::Brin => "shipped, record into a copy: `expires_at` BRIN",
+            Floor::RowClaim => {
+                "the key's row as its lock: `in_progress` insert, then update (wait unbounded)"
+            }
+            Floor::RowClaimBounded => {
+                "the key's row as its lock, the wait bounded in the same statement"
+            }
         }
     }
 
@@ -95,8 +107,25 @@ impl Floor {
             Floor::OneSqlCall => {
                 format!("EXECUTE floor_lock_and_check_sql({lock}, 5000, '{SCOPE}', '{key}'); BEGIN")
             }
+            Floor::RowClaim | Floor::RowClaimBounded => {
+                let (name, bound) = match self {
+                    Floor::RowClaim => ("floor_row_claim", ""),
+                    _ => ("floor_row_claim_bounded", ", '5000'"),
+                };
+                format!(
+                    "EXECUTE {name}('{SCOPE}', '{key}', '{}', decode('{FINGERPRINT}', 'hex'), \
+                     86400000{bound}); BEGIN",
+                    CHARGE_CARD.name(),
+                )
+            }
             _ => format!("{lock_stmt}; {check_stmt}; BEGIN"),
         }
+    }
+
+    /// Whether the claim's first message inserts the key's row, which the
+    /// record then updates.
+    fn holds_row(self) -> bool {
+        matches!(self, Floor::RowClaim | Floor::RowClaimBounded)
     }
 
     /// The prepared statement that writes a hand-written claim's record.
@@ -112,6 +141,9 @@ impl Floor {
 
 /// The hand-written claims' scope.
 const SCOPE: &str = "floors";
+
+/// The hand-written claims' fingerprint, in hex.
+const FINGERPRINT: &str = "abababababababababababababababababababababababababababababababab";
 
 /// The copies of the key table, by the suffix of their insert's name.
 const COPIES: [(&str, Option<&str>); 3] = [
@@ -195,6 +227,21 @@ async fn floor_pool(pg: &Pg, connections: u32) -> Result<PgPool, BenchError> {
                      now() + $8 * interval '1 millisecond')"
         ));
     }
+    prepares.push_str(
+        "; PREPARE floor_row_claim(text, text, text, bytea, float8) AS \
+         INSERT INTO idempotency_keys (scope, key, step, fingerprint, status, created_at, locked_until, expires_at) \
+         VALUES ($1, $2, $3, $4, 'in_progress', now(), now() + interval '30 seconds', now() + $5 * interval '1 millisecond') \
+         ON CONFLICT DO NOTHING RETURNING 1; \
+         PREPARE floor_row_claim_bounded(text, text, text, bytea, float8, text) AS \
+         INSERT INTO idempotency_keys (scope, key, step, fingerprint, status, created_at, locked_until, expires_at) \
+         SELECT $1, $2, $3, $4, 'in_progress', now(), now() + interval '30 seconds', now() + $5 * interval '1 millisecond' \
+           FROM (SELECT set_config('lock_timeout', $6, true)) AS bound \
+         ON CONFLICT DO NOTHING RETURNING set_config('lock_timeout', '0', true); \
+         PREPARE floor_row_complete(text, text, smallint, text, bytea, text) AS \
+         UPDATE idempotency_keys SET status = 'completed', response_status = $3, response_content_type = $4, \
+           response_body = $5, response_headers = $6, locked_until = now() \
+         WHERE scope = $1 AND key = $2",
+    );
     let prepares: Arc<str> = prepares.into();
     let pool = pool_options(&Policy::default(), connections)
         .after_connect(move |conn, _| {
@@ -223,14 +270,24 @@ async fn by_hand(pool: PgPool, floor: Floor, key: String) -> Result<(), BenchErr
         .bytes()
         .map(|b| format!("{b:02x}"))
         .collect();
-    let message = format!(
-        "EXECUTE {}('{SCOPE}', '{key}', '{}', decode('{}', 'hex'), 200, 'application/json', \
-         decode('{body}', 'hex'), 86400000, NULL); COMMIT; BEGIN",
-        floor.insert(),
-        CHARGE_CARD.name(),
-        "ab".repeat(32),
-    );
-    tx.execute(message.as_str()).await?;
+    let message = if floor.holds_row() {
+        format!(
+            "EXECUTE floor_row_complete('{SCOPE}', '{key}', 200, 'application/json', \
+             decode('{body}', 'hex'), NULL); COMMIT; BEGIN"
+        )
+    } else {
+        format!(
+            "EXECUTE {}('{SCOPE}', '{key}', '{}', decode('{FINGERPRINT}', 'hex'), 200, \
+             'application/json', decode('{body}', 'hex'), 86400000, NULL); COMMIT; BEGIN",
+            floor.insert(),
+            CHARGE_CARD.name(),
+        )
+    };
+    // The record's insert or the claimed row's update: one row either way.
+    let written = tx.execute(message.as_str()).await?.rows_affected();
+    if written != 1 {
+        return Err(format!("{}: the record took {written} rows", floor.label()).into());
+    }
     Ok(())
 }
 
