@@ -9,10 +9,10 @@
 //! `in_progress` insert, then an update to the completed record: the design
 //! of `KeyLock::Row` as prepared statements); or the record goes into a copy
 //! of the key table whose `expires_at` index is a b-tree (as shipped), a BRIN
-//! index or none. The guide's SQL, the unprotected write and the engine itself run
-//! beside them on the same pool. Each figure is the median over rounds of the
-//! variant's throughput ÷ the guide's SQL's in the same round, with the
-//! quartiles.
+//! index or none. The guide's SQL, the unprotected write and the engine
+//! itself run beside them on the same pool. Each figure is the median over
+//! rounds of the variant's throughput ÷ the guide's SQL's in the same round,
+//! with the quartiles.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -227,6 +227,9 @@ async fn floor_pool(pg: &Pg, connections: u32) -> Result<PgPool, BenchError> {
                      now() + $8 * interval '1 millisecond')"
         ));
     }
+    // The key's own row as its lock, as `KeyLock::Row` claims it: the bounded
+    // form sets the wait inside the insert and resets it in its `RETURNING`
+    // (to 0, standing in for the session's value the engine restores).
     prepares.push_str(
         "; PREPARE floor_row_claim(text, text, text, bytea, float8) AS \
          INSERT INTO idempotency_keys (scope, key, step, fingerprint, status, created_at, locked_until, expires_at) \
