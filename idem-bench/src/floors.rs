@@ -227,9 +227,11 @@ async fn floor_pool(pg: &Pg, connections: u32) -> Result<PgPool, BenchError> {
                      now() + $8 * interval '1 millisecond')"
         ));
     }
-    // The key's own row as its lock, as `KeyLock::Row` claims it: the bounded
-    // form sets the wait inside the insert and resets it in its `RETURNING`
-    // (to 0, standing in for the session's value the engine restores).
+    // The key's own row as its lock, in the shape of `KeyLock::Row`'s claim
+    // (the record then a plain update, the cheapest completion of that row):
+    // the bounded form sets the wait inside the insert and resets it in its
+    // `RETURNING` (to 0, standing in for the session's value the engine
+    // restores).
     prepares.push_str(
         "; PREPARE floor_row_claim(text, text, text, bytea, float8) AS \
          INSERT INTO idempotency_keys (scope, key, step, fingerprint, status, created_at, locked_until, expires_at) \
