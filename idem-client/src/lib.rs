@@ -4,10 +4,10 @@
 //! before the first attempt; store it with the pending work; send it on every
 //! attempt; retry only what is worth retrying, with the same key and the same
 //! body. [`IdempotentRetry`] does the sending and retrying as a
-//! [`reqwest_middleware`] middleware; [`IdempotencyKey`] is the runtime's own
-//! key type, so [`IdempotencyKey::random`] mints a key and
-//! [`IdempotencyKey::child`] derives the key of a downstream step exactly as
-//! an idem service does.
+//! [`reqwest_middleware`] middleware; [`IdempotencyKey`] is the key type idem
+//! services use too (from `idem-core`, shared with `idem-runtime`), so
+//! [`IdempotencyKey::random`] mints a key and [`IdempotencyKey::child`]
+//! derives the key of a downstream step exactly as an idem service does.
 //!
 //! ```no_run
 //! use std::time::Duration;
@@ -113,11 +113,13 @@ mod response;
 mod retry_after;
 
 pub use error::{ClientError, RetryReason};
-pub use idem_runtime::step::Step;
-pub use idem_runtime::{child_key, IdempotencyKey, KeyError};
-pub use middleware::{IdempotentRetry, IDEMPOTENCY_KEY, IN_PROGRESS_PROBLEM};
+pub use idem_core::header::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED};
+pub use idem_core::problem::types::IN_PROGRESS as IN_PROGRESS_PROBLEM;
+pub use idem_core::step::Step;
+pub use idem_core::{child_key, IdempotencyKey, KeyError};
+pub use middleware::IdempotentRetry;
 pub use policy::{MissingKey, RetryPolicy};
-pub use response::{Attempts, RequestBuilderExt, ResponseExt, IDEMPOTENT_REPLAYED};
+pub use response::{Attempts, RequestBuilderExt, ResponseExt};
 pub use retry_after::parse_retry_after;
 pub use {reqwest, reqwest_middleware};
 

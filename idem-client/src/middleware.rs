@@ -4,7 +4,9 @@
 use std::time::{Duration, Instant, SystemTime};
 
 use http::{Extensions, HeaderValue, Method, StatusCode};
-use idem_runtime::IdempotencyKey;
+use idem_core::header::IDEMPOTENCY_KEY;
+use idem_core::problem::{types::IN_PROGRESS as IN_PROGRESS_PROBLEM, PROBLEM_JSON};
+use idem_core::IdempotencyKey;
 use reqwest::{Request, Response, ResponseBuilderExt, Url};
 use reqwest_middleware::{Middleware, Next};
 use tracing::Instrument;
@@ -13,16 +15,6 @@ use crate::error::{ClientError, RetryReason};
 use crate::policy::{MissingKey, RetryPolicy};
 use crate::response::{Attempts, ResponseExt};
 use crate::retry_after::parse_retry_after;
-
-/// The request header the key is sent in.
-pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
-
-/// The problem `type` idem answers a 409 with while another attempt with the
-/// same key is still running.
-pub const IN_PROGRESS_PROBLEM: &str = concat!(
-    env!("CARGO_PKG_REPOSITORY"),
-    "/blob/main/docs/PROBLEMS.md#request-in-progress"
-);
 
 /// The retrying middleware for [`reqwest_middleware`].
 ///
@@ -334,7 +326,7 @@ fn is_problem(response: &Response) -> bool {
         .headers()
         .get(http::header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.trim_start().starts_with("application/problem+json"))
+        .is_some_and(|v| v.trim_start().starts_with(PROBLEM_JSON))
 }
 
 /// The `type` member of a problem body.

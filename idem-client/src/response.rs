@@ -1,9 +1,7 @@
 //! What a caller attaches to a request and reads from its answer.
 
-use idem_runtime::IdempotencyKey;
-
-/// The response header a replayed answer carries (`Idempotent-Replayed: true`).
-pub const IDEMPOTENT_REPLAYED: &str = "idempotent-replayed";
+use idem_core::header::IDEMPOTENT_REPLAYED;
+use idem_core::IdempotencyKey;
 
 /// A response extension: how many attempts the logical call took (1 when it
 /// was not retried). Read it with [`ResponseExt::attempts`].

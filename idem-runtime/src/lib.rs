@@ -29,11 +29,9 @@ pub mod engine;
 pub mod error;
 pub mod faults;
 pub mod fingerprint;
-mod hex;
 #[cfg(feature = "axum")]
 pub mod http;
 pub mod inbox;
-pub mod key;
 pub mod metrics;
 pub mod migrations;
 pub mod operation;
@@ -46,10 +44,12 @@ pub mod replay_cache;
 pub mod retention;
 pub mod scope;
 pub mod signature;
-pub mod step;
 pub mod store;
 #[cfg(feature = "test-support")]
 pub mod test_support;
+
+// The key and step modules live in idem-core, which idem-client shares.
+pub use idem_core::{key, step};
 
 pub use engine::{Answer, Claim, ClaimGuard, Engine, Replay, Stats, Via};
 pub use error::IdemError;
@@ -68,3 +68,6 @@ pub use store::postgres::KeyLock;
 pub use store::Backend;
 
 pub use sqlx;
+
+// Lowercase hex for digests, shared with idem-core.
+use idem_core::__private::hex;

@@ -33,8 +33,7 @@ pub struct Problem {
     pub detail: String,
 }
 
-/// RFC 9457's default type: the status code says it all.
-pub const ABOUT_BLANK: &str = "about:blank";
+pub use idem_core::problem::ABOUT_BLANK;
 
 fn about_blank() -> String {
     ABOUT_BLANK.to_owned()
@@ -69,20 +68,7 @@ impl Problem {
     }
 }
 
-/// `text` as a problem detail: first letter capitalised, ending in a full
-/// stop, whatever the error's own `Display` (lower case, by Rust's
-/// convention) says.
-pub(crate) fn sentence(text: &str) -> String {
-    let mut chars = text.trim().chars();
-    let mut out: String = match chars.next() {
-        Some(first) => first.to_uppercase().chain(chars).collect(),
-        None => return String::new(),
-    };
-    if !out.ends_with(['.', '!', '?']) {
-        out.push('.');
-    }
-    out
-}
+pub(crate) use idem_core::__private::sentence;
 
 // Not listed in "the trait is implemented for" hints, which would quote this
 // line in users' compile errors; the `ErrorStatus` note names `Problem`.

@@ -64,7 +64,6 @@ mod engine;
 mod error;
 mod fingerprint;
 mod json;
-mod key;
 mod linger;
 #[cfg(feature = "openapi")]
 pub mod openapi;
@@ -73,11 +72,12 @@ mod response;
 mod scope;
 mod trace;
 
+pub use idem_core::extract::{parse_header_value, KeyRejection};
+pub use idem_core::header::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED};
 pub use json::{Json, JsonRejection};
-pub use key::{parse_header_value, KeyRejection, IDEMPOTENCY_KEY};
 pub use linger::{LINGER_MAX_BYTES, LINGER_MAX_TIME};
 
-pub use response::{into_stored, into_stored_keeping, respond, KeptHeaders, IDEMPOTENT_REPLAYED};
+pub use response::{into_stored, into_stored_keeping, respond, KeptHeaders};
 pub use scope::{
     HeaderScope, PathScope, PrincipalScope, ScopeHeaderName, ScopePathParam, ScopeRejection,
     XTenantId,

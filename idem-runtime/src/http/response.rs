@@ -3,14 +3,12 @@
 use axum::body::{to_bytes, Body};
 use axum::http::{header, HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
+use idem_core::header::IDEMPOTENT_REPLAYED;
 
 use super::trace::{label, record_outcome};
 use crate::engine::{Answer, Via};
 use crate::error::IdemError;
 use crate::outcome::StoredResponse;
-
-/// The header a replayed answer carries.
-pub const IDEMPOTENT_REPLAYED: &str = "idempotent-replayed";
 
 /// Which of a handler's response headers are stored with its response and
 /// replayed, first answer and retries alike.

@@ -1,5 +1,6 @@
 //! The per-request `tracing` span: scope, step, a short hash of the key, and the outcome.
 
+pub use idem_core::extract::record_outcome;
 use tracing::Span;
 
 use crate::engine::Via;
@@ -29,12 +30,6 @@ pub fn operation_span(op: &Operation) -> Span {
         key = %op.key().log_tag(),
         outcome = tracing::field::Empty,
     )
-}
-
-/// Records `outcome` on the current span (a no-op outside an [`operation_span`]).
-pub fn record_outcome(outcome: &'static str) {
-    Span::current().record("outcome", outcome);
-    tracing::info!(outcome, "idempotent request answered");
 }
 
 /// The outcome label of a result.

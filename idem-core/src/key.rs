@@ -4,6 +4,12 @@ use std::fmt;
 use std::str::FromStr;
 
 /// The longest key accepted, in bytes.
+///
+/// ```
+/// use idem_core::{key::MAX_KEY_LEN, IdempotencyKey};
+/// assert!(IdempotencyKey::new("k".repeat(MAX_KEY_LEN)).is_ok());
+/// assert!(IdempotencyKey::new("k".repeat(MAX_KEY_LEN + 1)).is_err());
+/// ```
 pub const MAX_KEY_LEN: usize = 255;
 
 /// A validated idempotency key: 1 to 255 visible ASCII characters (`'!'..='~'`).
@@ -12,7 +18,7 @@ pub const MAX_KEY_LEN: usize = 255;
 /// (typically a UUID) before the first attempt and sends it on every retry.
 ///
 /// ```
-/// use idem_runtime::IdempotencyKey;
+/// use idem_core::IdempotencyKey;
 ///
 /// let key = IdempotencyKey::new("3f6c1a2e-8b4d-4e7a-9c11-5d2f0b7e6a90").unwrap();
 /// assert_eq!(key.as_str().len(), 36);
@@ -23,6 +29,15 @@ pub const MAX_KEY_LEN: usize = 255;
 pub struct IdempotencyKey(String);
 
 /// Why a string is not a valid [`IdempotencyKey`].
+///
+/// ```
+/// use idem_core::{IdempotencyKey, KeyError};
+/// assert_eq!(IdempotencyKey::new(""), Err(KeyError::Empty));
+/// assert_eq!(
+///     IdempotencyKey::new("has space"),
+///     Err(KeyError::InvalidCharacter { position: 3, what: "a space" })
+/// );
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum KeyError {
     /// The key was empty.
@@ -48,7 +63,7 @@ impl IdempotencyKey {
     /// Validates `key` and wraps it.
     ///
     /// ```
-    /// # use idem_runtime::{IdempotencyKey, KeyError};
+    /// # use idem_core::{IdempotencyKey, KeyError};
     /// assert_eq!(IdempotencyKey::new("a".repeat(256)), Err(KeyError::TooLong { len: 256 }));
     /// ```
     pub fn new(key: impl Into<String>) -> Result<Self, KeyError> {
@@ -62,7 +77,7 @@ impl IdempotencyKey {
     /// the pending work, and send the same key on every retry.
     ///
     /// ```
-    /// use idem_runtime::IdempotencyKey;
+    /// use idem_core::IdempotencyKey;
     ///
     /// let key = IdempotencyKey::random();
     /// assert_eq!(key.as_str().len(), 36);
@@ -73,6 +88,11 @@ impl IdempotencyKey {
     }
 
     /// The key as sent by the client.
+    ///
+    /// ```
+    /// # use idem_core::IdempotencyKey;
+    /// assert_eq!(IdempotencyKey::new("order-8812").unwrap().as_str(), "order-8812");
+    /// ```
     pub fn as_str(&self) -> &str {
         &self.0
     }
@@ -81,7 +101,7 @@ impl IdempotencyKey {
     /// Raw keys are bearer-like secrets and never belong in logs.
     ///
     /// ```
-    /// # use idem_runtime::IdempotencyKey;
+    /// # use idem_core::IdempotencyKey;
     /// let key = IdempotencyKey::new("order-8812").unwrap();
     /// assert_eq!(key.log_tag().len(), 12);
     /// ```

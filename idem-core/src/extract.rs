@@ -1,19 +1,33 @@
-//! The `Idempotency-Key` header: parsing and the extractor.
+//! The `Idempotency-Key` header over axum (feature `axum`): parsing, the
+//! extractor for [`IdempotencyKey`], and its 400 rejection as problem details.
+//! idem-runtime re-exports these under `idem_runtime::http`.
+//!
+//! ```
+//! use idem_core::IdempotencyKey;
+//!
+//! async fn create(key: IdempotencyKey) -> String {
+//!     format!("key tag {}", key.log_tag())
+//! }
+//! let _app: axum::Router = axum::Router::new().route("/things", axum::routing::post(create));
+//! ```
 
-use axum::extract::{FromRequestParts, OptionalFromRequestParts};
-use axum::http::request::Parts;
-use axum::http::HeaderValue;
-use axum::response::{IntoResponse, Response};
+use axum_core::extract::{FromRequestParts, OptionalFromRequestParts};
+use axum_core::response::{IntoResponse, Response};
+use http::header::CONTENT_TYPE;
+use http::request::Parts;
+use http::{HeaderValue, StatusCode};
 
-use super::problem::types;
-use super::trace::record_rejected;
+use crate::header::IDEMPOTENCY_KEY;
 use crate::key::{IdempotencyKey, KeyError};
-use crate::problem::Problem;
-
-/// The header's name, lowercase as HTTP/2 sends it.
-pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
+use crate::problem::{sentence, types, PROBLEM_JSON};
 
 /// Why a request's `Idempotency-Key` was refused: always a 400 with a problem body.
+///
+/// ```
+/// use idem_core::extract::{parse_header_value, KeyRejection};
+/// let value = http::HeaderValue::from_static("\"unterminated");
+/// assert!(matches!(parse_header_value(&value), Err(KeyRejection::Malformed(_))));
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum KeyRejection {
     /// The route requires a key and none was sent.
@@ -33,20 +47,64 @@ impl From<KeyError> for KeyRejection {
     }
 }
 
+/// A 400 `application/problem+json` answer, of type
+/// [`KEY_MISSING`](types::KEY_MISSING) or [`KEY_MALFORMED`](types::KEY_MALFORMED),
+/// recorded as the outcome `rejected` (see [`record_outcome`]).
+///
+/// ```
+/// use axum::response::IntoResponse;
+/// use idem_core::extract::KeyRejection;
+///
+/// let response = KeyRejection::Missing.into_response();
+/// assert_eq!(response.status(), 400);
+/// assert_eq!(response.headers()["content-type"], "application/problem+json");
+/// ```
 impl IntoResponse for KeyRejection {
     fn into_response(self) -> Response {
-        record_rejected();
+        record_outcome("rejected");
         let (type_, title) = match self {
             KeyRejection::Missing => (types::KEY_MISSING, "Idempotency-Key header missing"),
             KeyRejection::Repeated | KeyRejection::Malformed(_) => {
                 (types::KEY_MALFORMED, "Idempotency-Key header malformed")
             }
         };
-        Problem::new(400, title)
-            .with_type(type_)
-            .with_detail(super::problem::sentence(&self.to_string()))
-            .into_response()
+        let body = problem_body(type_, title, 400, &sentence(&self.to_string()));
+        let mut response = (StatusCode::BAD_REQUEST, body).into_response();
+        response
+            .headers_mut()
+            .insert(CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
+        response
     }
+}
+
+/// The JSON of an RFC 9457 problem, member for member what idem-runtime's
+/// `Problem::to_body` writes (its tests compare the two).
+fn problem_body(type_: &str, title: &str, status: u16, detail: &str) -> Vec<u8> {
+    let string = |text: &str| serde_json::to_string(text).expect("a string always serializes");
+    let mut body = format!(
+        r#"{{"type":{},"title":{},"status":{status}"#,
+        string(type_),
+        string(title)
+    );
+    if !detail.is_empty() {
+        body.push_str(&format!(r#","detail":{}"#, string(detail)));
+    }
+    body.push('}');
+    body.into_bytes()
+}
+
+/// Records `outcome` on the current span (idem-runtime's per-request
+/// `idem.request` span; a no-op outside one) and logs it, under the target
+/// `idem_runtime::http::trace`, as idem-runtime's responses do.
+///
+/// ```
+/// idem_core::extract::record_outcome("rejected");
+/// ```
+pub fn record_outcome(outcome: &'static str) {
+    tracing::Span::current().record("outcome", outcome);
+    // The runtime's target, where these events have always been logged, so
+    // filters on `idem_runtime` keep them.
+    tracing::info!(target: "idem_runtime::http::trace", outcome, "idempotent request answered");
 }
 
 /// Parses one `Idempotency-Key` header value.
@@ -58,7 +116,7 @@ impl IntoResponse for KeyRejection {
 ///
 /// ```
 /// use axum::http::HeaderValue;
-/// use idem_runtime::http::parse_header_value;
+/// use idem_core::extract::parse_header_value;
 ///
 /// let quoted = parse_header_value(&HeaderValue::from_static("\"8e03978e-40d5-43e8-bc93-6894a57f9324\"")).unwrap();
 /// let bare = parse_header_value(&HeaderValue::from_static("8e03978e-40d5-43e8-bc93-6894a57f9324")).unwrap();
@@ -128,7 +186,7 @@ fn from_parts(parts: &Parts) -> Result<Option<IdempotencyKey>, KeyRejection> {
 /// missing or malformed.
 ///
 /// ```
-/// use idem_runtime::IdempotencyKey;
+/// use idem_core::IdempotencyKey;
 ///
 /// async fn handler(key: IdempotencyKey) -> String {
 ///     format!("key tag {}", key.log_tag())

@@ -1,7 +1,11 @@
 //! Lowercase hex encoding for digests.
 
 /// Encodes bytes as lowercase hex.
-pub(crate) fn encode(bytes: &[u8]) -> String {
+///
+/// ```
+/// assert_eq!(idem_core::__private::hex::encode(&[0x0a, 0xff]), "0aff");
+/// ```
+pub fn encode(bytes: &[u8]) -> String {
     const DIGITS: &[u8; 16] = b"0123456789abcdef";
     let mut out = String::with_capacity(bytes.len() * 2);
     for byte in bytes {
@@ -12,7 +16,11 @@ pub(crate) fn encode(bytes: &[u8]) -> String {
 }
 
 /// Decodes hex (either case); `None` for anything else.
-pub(crate) fn decode(text: &str) -> Option<Vec<u8>> {
+///
+/// ```
+/// assert_eq!(idem_core::__private::hex::decode("0aFF"), Some(vec![0x0a, 0xff]));
+/// ```
+pub fn decode(text: &str) -> Option<Vec<u8>> {
     fn digit(c: u8) -> Option<u8> {
         match c {
             b'0'..=b'9' => Some(c - b'0'),

@@ -11,6 +11,11 @@ use sha2::{Digest, Sha256};
 use crate::key::IdempotencyKey;
 
 /// Why a string is not a valid step name.
+///
+/// ```
+/// use idem_core::{check_step_name, StepNameError};
+/// assert_eq!(check_step_name("charge-card"), Err(StepNameError::MissingVersion));
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum StepNameError {
     /// The name was empty.
@@ -33,7 +38,7 @@ pub enum StepNameError {
 /// is how the macros check step names at compile time.
 ///
 /// ```
-/// use idem_runtime::step::check_step_name;
+/// use idem_core::step::check_step_name;
 /// assert!(check_step_name("charge-card.v1").is_ok());
 /// assert!(check_step_name("charge-card").is_err());
 /// assert!(check_step_name("Charge.v1").is_err());
@@ -92,7 +97,7 @@ pub const fn check_step_name(name: &str) -> Result<(), StepNameError> {
 /// store.
 ///
 /// ```
-/// use idem_runtime::child_key;
+/// use idem_core::child_key;
 /// let key = child_key("3f6c1a2e-8b4d-4e7a-9c11-5d2f0b7e6a90", "charge-card.v1");
 /// assert_eq!(key.len(), 64);
 /// assert_eq!(key, child_key("3f6c1a2e-8b4d-4e7a-9c11-5d2f0b7e6a90", "charge-card.v1"));
@@ -110,7 +115,7 @@ pub fn child_key(parent: &str, step: &str) -> String {
 /// name at compile time and registers the declaration.
 ///
 /// ```
-/// use idem_runtime::step::Step;
+/// use idem_core::step::Step;
 /// const CHARGE: Step = Step::new("charge-card.v1");
 /// assert_eq!(CHARGE.name(), "charge-card.v1");
 /// ```
@@ -123,8 +128,13 @@ impl Step {
     /// A step named `name`. Panics (at compile time, in a `const`) unless the
     /// name has the form `name.vN`.
     ///
+    /// ```
+    /// use idem_core::step::Step;
+    /// const CHARGE: Step = Step::new("charge-card.v1");
+    /// ```
+    ///
     /// ```compile_fail
-    /// use idem_runtime::step::Step;
+    /// use idem_core::step::Step;
     /// const BAD: Step = Step::new("Charge Card");
     /// ```
     pub const fn new(name: &'static str) -> Self {
@@ -135,6 +145,11 @@ impl Step {
     }
 
     /// The step's name.
+    ///
+    /// ```
+    /// use idem_core::Step;
+    /// assert_eq!(Step::new("send-receipt.v2").name(), "send-receipt.v2");
+    /// ```
     pub const fn name(&self) -> &'static str {
         self.name
     }
@@ -153,7 +168,7 @@ impl IdempotencyKey {
     /// would silently change.
     ///
     /// ```
-    /// use idem_runtime::{child_key, step::Step, IdempotencyKey};
+    /// use idem_core::{child_key, step::Step, IdempotencyKey};
     /// const SEND_RECEIPT: Step = Step::new("send-receipt.v1");
     /// let key = IdempotencyKey::new("order-8812").unwrap();
     /// assert_eq!(key.child(SEND_RECEIPT).as_str(), child_key("order-8812", "send-receipt.v1"));
