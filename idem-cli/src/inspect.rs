@@ -19,13 +19,16 @@
 
 use std::collections::BTreeSet;
 
+use clap::Args;
+
 use idem_runtime::child_key;
 use idem_runtime::inbox::PoisonMessage;
 use idem_runtime::outbox::{MessageState, OutboxEntry};
 use serde_json::{json, Value};
 
-use crate::output::{instant, key_label, span};
-use crate::queues::{entry_json, poison_json};
+use crate::args::{open_all, ScopeArgs};
+use crate::exit::{Failure, FOUND, OK};
+use crate::output::{self, entry_json, instant, key_label, poison_json, span};
 use crate::store::{KeyRecord, Store, StoreError, StoreSpec};
 
 /// How deep child keys are followed.
@@ -300,6 +303,43 @@ impl Inspection {
             "needs_attention": self.needs_attention(),
         })
     }
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct InspectArgs {
+    /// The client's idempotency key.
+    #[arg(long)]
+    key: String,
+    #[command(flatten)]
+    scope: ScopeArgs,
+    /// A step the services derive child keys by (`charge-card.v1`); repeat it.
+    /// Steps the stores hold records for are followed too.
+    #[arg(long = "step", value_name = "STEP")]
+    steps: Vec<String>,
+    /// A store, `NAME=URL`; repeat it for every service.
+    #[arg(long = "store", value_name = "NAME=URL", required = true)]
+    stores: Vec<StoreSpec>,
+}
+
+/// Runs `idem inspect`: the tree of one key across the stores, printed or as JSON.
+pub(crate) async fn run(
+    json_out: bool,
+    show_keys: bool,
+    args: &InspectArgs,
+) -> Result<u8, Failure> {
+    let scope = args.scope.required()?;
+    for step in &args.steps {
+        idem_runtime::check_step_name(step)
+            .map_err(|error| Failure::Usage(format!("--step {step}: {error}")))?;
+    }
+    let stores = open_all(&args.stores).await?;
+    let found = inspect(&stores, &scope, &args.key, &args.steps).await?;
+    if json_out {
+        output::json(&found.to_json(show_keys));
+    } else {
+        found.print(show_keys);
+    }
+    Ok(if found.needs_attention() { FOUND } else { OK })
 }
 
 fn verdict(record: &KeyRecord) -> String {

@@ -33,8 +33,12 @@
 //! The binary is `idem` (`cargo install --path idem-cli`); this library holds
 //! its parts, so tests elsewhere in the workspace can reach the same code.
 
+mod args;
 mod cli;
+mod exit;
 pub mod inspect;
+mod keys;
+mod migrate;
 mod output;
 mod queues;
 pub mod steps;

@@ -3,7 +3,10 @@
 
 use std::time::{Duration, UNIX_EPOCH};
 
+use idem_runtime::inbox::PoisonMessage;
+use idem_runtime::outbox::OutboxEntry;
 use idem_runtime::IdempotencyKey;
+use serde_json::{json, Value};
 
 /// How a key is printed: `#` and its log tag (the first 12 hex digits of its
 /// SHA-256, the tag idem's own logs use), or in full with `--show-keys`.
@@ -68,6 +71,48 @@ pub fn json(value: &serde_json::Value) {
         "{}",
         serde_json::to_string_pretty(value).unwrap_or_else(|_| value.to_string())
     );
+}
+
+/// An outbox message as JSON; the parent key as its tag unless `show_keys`.
+pub fn entry_json(entry: &OutboxEntry, show_keys: bool) -> Value {
+    let mut value = json!({
+        "message_id": entry.message_id,
+        "scope": entry.scope,
+        "parent_key_tag": entry.parent_key.as_deref().map(|k| key_label(k, false)),
+        "step": entry.step,
+        "sink": entry.sink,
+        "destination": entry.destination,
+        "ordering_key": entry.ordering_key,
+        "state": entry.state.as_str(),
+        "attempts": entry.attempts,
+        "max_attempts": entry.max_attempts,
+        "last_error": entry.last_error,
+        "receipt": entry.receipt,
+        "content_type": entry.content_type,
+        "payload_bytes": entry.payload.len(),
+        "created_at_ms": entry.created_at_ms,
+    });
+    if show_keys {
+        value["parent_key"] = json!(entry.parent_key);
+    }
+    value
+}
+
+/// A poison row as JSON.
+pub fn poison_json(row: &PoisonMessage) -> Value {
+    json!({
+        "consumer": row.consumer,
+        "message_id": row.message_id,
+        "source": row.source,
+        "source_seq": row.source_seq,
+        "error": row.error,
+        "deliveries": row.deliveries,
+        "state": row.state,
+        "requeues": row.requeues,
+        "payload_bytes": row.payload.len(),
+        "first_seen_ms": row.first_seen_ms,
+        "poisoned_at_ms": row.poisoned_at_ms,
+    })
 }
 
 #[cfg(test)]

@@ -4,12 +4,12 @@
 use std::time::Duration;
 
 use clap::{Args, Subcommand};
-use idem_runtime::inbox::PoisonMessage;
 use idem_runtime::outbox::{MessageState, OutboxEntry};
-use serde_json::{json, Value};
+use serde_json::json;
 
-use crate::cli::{Failure, StoreArg, FOUND, OK, USAGE};
-use crate::output::{self, instant, key_label, span, table};
+use crate::args::StoreArg;
+use crate::exit::{Failure, FOUND, OK, USAGE};
+use crate::output::{self, entry_json, instant, key_label, poison_json, span, table};
 use crate::store::{OpenMode, Store};
 
 /// How many characters of an error a table shows.
@@ -117,31 +117,6 @@ fn excerpt(text: &str) -> String {
     cut
 }
 
-/// An outbox message as JSON; the parent key as its tag unless `show_keys`.
-pub(crate) fn entry_json(entry: &OutboxEntry, show_keys: bool) -> Value {
-    let mut value = json!({
-        "message_id": entry.message_id,
-        "scope": entry.scope,
-        "parent_key_tag": entry.parent_key.as_deref().map(|k| key_label(k, false)),
-        "step": entry.step,
-        "sink": entry.sink,
-        "destination": entry.destination,
-        "ordering_key": entry.ordering_key,
-        "state": state_name(entry.state),
-        "attempts": entry.attempts,
-        "max_attempts": entry.max_attempts,
-        "last_error": entry.last_error,
-        "receipt": entry.receipt,
-        "content_type": entry.content_type,
-        "payload_bytes": entry.payload.len(),
-        "created_at_ms": entry.created_at_ms,
-    });
-    if show_keys {
-        value["parent_key"] = json!(entry.parent_key);
-    }
-    value
-}
-
 fn entry_row(entry: &OutboxEntry, show_keys: bool) -> Vec<String> {
     vec![
         entry.message_id.clone(),
@@ -177,23 +152,6 @@ const ENTRY_HEADERS: [&str; 10] = [
     "receipt",
     "created",
 ];
-
-/// A poison row as JSON.
-pub(crate) fn poison_json(row: &PoisonMessage) -> Value {
-    json!({
-        "consumer": row.consumer,
-        "message_id": row.message_id,
-        "source": row.source,
-        "source_seq": row.source_seq,
-        "error": row.error,
-        "deliveries": row.deliveries,
-        "state": row.state,
-        "requeues": row.requeues,
-        "payload_bytes": row.payload.len(),
-        "first_seen_ms": row.first_seen_ms,
-        "poisoned_at_ms": row.poisoned_at_ms,
-    })
-}
 
 pub(crate) async fn run_outbox(
     json_out: bool,

@@ -13,11 +13,14 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::Command;
 
+use clap::Args;
 use idem_runtime::registry::PRINT_STEPS_ENV;
 use serde_json::json;
 
-use crate::cli::{open_all, Failure, StepsArgs, FOUND, OK};
+use crate::args::open_all;
+use crate::exit::{Failure, FOUND, OK};
 use crate::output::{json as print_json, table};
+use crate::store::StoreSpec;
 
 /// A step a build declares.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -60,6 +63,20 @@ pub fn parse_declarations(text: &str) -> BTreeMap<String, Declared> {
             Some((name.to_owned(), Declared { retired }))
         })
         .collect()
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct StepsArgs {
+    /// A store, `NAME=URL`; repeat it.
+    #[arg(long = "store", value_name = "NAME=URL", required = true)]
+    pub(crate) stores: Vec<StoreSpec>,
+    /// The steps a build declares (retired ones included), comma-separated.
+    #[arg(long, value_delimiter = ',', value_name = "STEPS")]
+    pub(crate) declared: Vec<String>,
+    /// A binary built with idem: run with IDEM_PRINT_STEPS=1, it prints its
+    /// declarations from `registry::check`/`validate` and exits.
+    #[arg(long, value_name = "BINARY")]
+    pub(crate) declared_by: Option<std::path::PathBuf>,
 }
 
 pub(crate) async fn run(json: bool, args: &StepsArgs) -> Result<u8, Failure> {
