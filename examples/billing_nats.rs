@@ -241,7 +241,7 @@ async fn demo(args: Args) -> Result<bool, Box<dyn std::error::Error>> {
             first_event = Some(id);
         }
     }
-    let backlog = outbox::backlog(&orders).await?;
+    let backlog = outbox::backlog(orders.pool()).await?;
     if backlog.pending != args.orders as u64 {
         return Err(format!(
             "{} events enqueued for {} orders",
@@ -273,7 +273,7 @@ async fn demo(args: Args) -> Result<bool, Box<dyn std::error::Error>> {
     // B's start checks the stream keeps ids longer than B may retry.
     let b = relay(&orders, &sink).spawn().await?;
     let deadline = Instant::now() + Duration::from_secs(30);
-    while outbox::backlog(&orders).await?.pending > 0 {
+    while outbox::backlog(orders.pool()).await?.pending > 0 {
         if Instant::now() > deadline {
             return Err("the outbox was not published within 30 s".into());
         }
@@ -314,7 +314,7 @@ async fn demo(args: Args) -> Result<bool, Box<dyn std::error::Error>> {
     // The first event again, under a new stream sequence (as after the
     // duplicate window): the stream stores it, the inbox catches it.
     if let Some(first) = first_event {
-        let first = outbox::entry(&orders, first.as_str())
+        let first = outbox::entry(orders.pool(), first.as_str())
             .await?
             .ok_or("order 1's event is not in the outbox")?;
         let publish = jetstream::message::PublishMessage::build()

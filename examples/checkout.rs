@@ -133,7 +133,7 @@ fn outbox_relay(engine: &Engine<Sqlite>, name: &str) -> Result<Relay<Sqlite>, Bo
 /// Waits until every message of the outbox is delivered.
 async fn drained(engine: &Engine<Sqlite>) -> Result<(), BoxError> {
     let deadline = Instant::now() + Duration::from_secs(10);
-    while outbox::backlog(engine).await?.pending > 0 {
+    while outbox::backlog(engine.pool()).await?.pending > 0 {
         if Instant::now() > deadline {
             return Err("the outbox was not delivered within 10 s".into());
         }

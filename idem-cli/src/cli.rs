@@ -8,7 +8,7 @@ use serde_json::json;
 
 use crate::output::{self, instant, key_label, span, table};
 use crate::queues::{InboxCommand, OutboxCommand};
-use crate::store::{self, Filter, OpenMode, Store, StoreError, StoreSpec};
+use crate::store::{self, KeyFilter, OpenMode, Store, StoreError, StoreSpec};
 use crate::{inspect, queues, steps};
 
 /// Exit status: done, nothing to report.
@@ -330,7 +330,7 @@ fn record_json(record: &store::KeyRecord, show_keys: bool) -> serde_json::Value 
 async fn run_list(cli: &Cli, args: &ListArgs) -> Result<u8, Failure> {
     let spec = &args.store.store;
     let store = Store::open(spec, OpenMode::Existing).await?;
-    let filter = Filter {
+    let filter = KeyFilter {
         scope: args.scope.stored(),
         step: args.step.clone(),
         status: args.status.clone(),

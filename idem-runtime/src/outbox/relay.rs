@@ -38,11 +38,13 @@ use tokio::task::{JoinHandle, JoinSet};
 use tracing::Instrument;
 
 use super::sink::{Delivered, Sink, SinkError};
-use super::store::{Claimed, OutboxStore, Settlement};
-use super::{DEFAULT_MAX_ATTEMPTS, ENQUEUES, WAKE};
+use super::wake::{wake_relays, ENQUEUES, WAKE};
+use super::DEFAULT_MAX_ATTEMPTS;
 use crate::engine::Engine;
 use crate::key::IdempotencyKey;
 use crate::metrics::{self, Delivery};
+use crate::store::outbox::{Claimed, Settlement};
+use crate::store::Backend;
 
 /// How long a relay waits before retrying a transient failure: attempt `n`
 /// (from 1) waits a uniformly random time in `0..=min(cap, base · 2^(n-1))`
@@ -245,7 +247,7 @@ pub struct RelayStats {
 /// println!("published {} in all", last.published);
 /// # Ok(()) }
 /// ```
-pub struct Relay<DB: OutboxStore> {
+pub struct Relay<DB: Backend> {
     pool: Pool<DB>,
     sinks: HashMap<String, Arc<dyn Sink>>,
     lease: Duration,
@@ -263,7 +265,7 @@ pub struct Relay<DB: OutboxStore> {
     counters: Arc<Counters>,
 }
 
-impl<DB: OutboxStore> fmt::Debug for Relay<DB> {
+impl<DB: Backend> fmt::Debug for Relay<DB> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let mut sinks: Vec<&String> = self.sinks.keys().collect();
         sinks.sort();
@@ -280,7 +282,7 @@ impl<DB: OutboxStore> fmt::Debug for Relay<DB> {
     }
 }
 
-impl<DB: OutboxStore> Relay<DB> {
+impl<DB: Backend> Relay<DB> {
     /// A relay over `engine`'s pool with no sinks yet; defaults: a 30 s
     /// lease, publishes bounded at two thirds of it, batches of 32, polling
     /// every second, [`Backoff::default`], sent rows kept 24 h.
@@ -445,7 +447,7 @@ impl<DB: OutboxStore> Relay<DB> {
             let retry = worker.relay.poll_interval;
             tokio::spawn(async move {
                 loop {
-                    match DB::listen(&pool).await {
+                    match DB::listen_for_enqueues(&pool, wake_relays).await {
                         Ok(()) => return,
                         Err(error) => {
                             tracing::warn!(%error, "the outbox relay's listener failed; listening again");
@@ -506,7 +508,7 @@ impl RelayHandle {
     /// Makes every relay in this process look for messages now (after a
     /// commit made on a connection `enqueue` did not see, say).
     pub fn wake(&self) {
-        super::wake_relays();
+        wake_relays();
     }
 
     /// Stops the relay: the round in flight finishes (its publishes are
@@ -524,7 +526,7 @@ impl RelayHandle {
     }
 }
 
-struct Worker<DB: OutboxStore> {
+struct Worker<DB: Backend> {
     relay: Arc<Relay<DB>>,
     names: Vec<String>,
 }
@@ -539,7 +541,7 @@ const CHASE: [Duration; 5] = [
     Duration::from_millis(400),
 ];
 
-impl<DB: OutboxStore> Worker<DB> {
+impl<DB: Backend> Worker<DB> {
     async fn run(self, mut stopped: watch::Receiver<bool>) {
         let relay = &*self.relay;
         let mut next_purge = Instant::now();
@@ -591,7 +593,7 @@ impl<DB: OutboxStore> Worker<DB> {
                 _ = stopped.changed() => {}
             }
         }
-        match DB::release(&relay.pool, &relay.owner).await {
+        match DB::release_leases(&relay.pool, &relay.owner).await {
             Ok(0) => {}
             Ok(released) => tracing::info!(released, "outbox relay released its leases"),
             Err(error) => {
@@ -603,7 +605,7 @@ impl<DB: OutboxStore> Worker<DB> {
     async fn purge(&self) {
         let relay = &*self.relay;
         loop {
-            match DB::purge_sent(&relay.pool, relay.retention, relay.purge_batch).await {
+            match DB::purge_sent_messages(&relay.pool, relay.retention, relay.purge_batch).await {
                 Ok(purged) => {
                     relay.counters.purged.fetch_add(purged, Ordering::Relaxed);
                     if purged < u64::from(relay.purge_batch) {
@@ -620,8 +622,8 @@ impl<DB: OutboxStore> Worker<DB> {
 }
 
 /// Sets the backlog gauges (`idem_outbox_pending`, `idem_outbox_oldest_pending_seconds`).
-async fn report_backlog<DB: OutboxStore>(relay: &Relay<DB>) {
-    match DB::backlog(&relay.pool).await {
+async fn report_backlog<DB: Backend>(relay: &Relay<DB>) {
+    match DB::outbox_backlog(&relay.pool).await {
         Ok(backlog) => {
             metrics::outbox_pending(backlog.pending, backlog.oldest_pending.unwrap_or_default())
         }
@@ -639,8 +641,9 @@ fn message_tag(id: &str) -> String {
 }
 
 /// One claim, its publishes and their settles. Returns how many it claimed.
-async fn round<DB: OutboxStore>(relay: &Relay<DB>, names: &[String]) -> Result<usize, sqlx::Error> {
-    let claimed = DB::claim(&relay.pool, names, &relay.owner, relay.lease, relay.batch).await?;
+async fn round<DB: Backend>(relay: &Relay<DB>, names: &[String]) -> Result<usize, sqlx::Error> {
+    let claimed =
+        DB::lease_messages(&relay.pool, names, &relay.owner, relay.lease, relay.batch).await?;
     if claimed.is_empty() {
         return Ok(0);
     }
@@ -649,7 +652,7 @@ async fn round<DB: OutboxStore>(relay: &Relay<DB>, names: &[String]) -> Result<u
     publish_batch(relay, claimed).instrument(span).await
 }
 
-async fn publish_batch<DB: OutboxStore>(
+async fn publish_batch<DB: Backend>(
     relay: &Relay<DB>,
     claimed: Vec<Claimed>,
 ) -> Result<usize, sqlx::Error> {
@@ -755,7 +758,7 @@ async fn publish(
     outcome
 }
 
-async fn settle<DB: OutboxStore>(
+async fn settle<DB: Backend>(
     relay: &Relay<DB>,
     claimed: &Claimed,
     outcome: Result<Delivered, SinkError>,
@@ -811,13 +814,13 @@ async fn settle<DB: OutboxStore>(
             )
         }
     };
-    let settled = DB::settle(&relay.pool, claimed.row, claimed.token, &settlement).await?;
+    let settled = DB::settle_message(&relay.pool, claimed.row, claimed.token, &settlement).await?;
     record(relay, claimed, counter, delivery, settled);
     Ok(())
 }
 
 /// Counts one settle: its outcome and metrics if it took, fenced if not.
-fn record<DB: OutboxStore>(
+fn record<DB: Backend>(
     relay: &Relay<DB>,
     claimed: &Claimed,
     counter: &AtomicU64,
