@@ -34,10 +34,11 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use async_nats::jetstream::{self, consumer::pull, stream};
+use idem::faults::FaultPoint;
 use idem::inbox::nats::NatsInbox;
 use idem::inbox::{Consumer, Inbox, Message};
 use idem::outbox::nats::NatsSink;
-use idem::outbox::{self, Backoff, Relay, RelayFault};
+use idem::outbox::{self, Backoff, Relay};
 use idem::sqlx::{self, Sqlite, SqliteConnection};
 use idem::{idempotent, Engine, Fingerprint, IdempotencyKey, Problem, Scope, Via};
 use serde::{Deserialize, Serialize};
@@ -255,9 +256,9 @@ async fn demo(args: Args) -> Result<bool, Box<dyn std::error::Error>> {
     let sink = NatsSink::new(js.clone(), "ORDERS");
     let stalled = relay(&orders, &sink)
         .batch(1)
-        .fault(Some(RelayFault::StallAfterPublish(Duration::from_millis(
-            1500,
-        ))));
+        .fault(Some(FaultPoint::RelayStallAfterPublish(
+            Duration::from_millis(1500),
+        )));
     let a = tokio::spawn(async move {
         stalled.run_once().await?;
         Ok::<_, idem::outbox::RelayError>(stalled.stats())

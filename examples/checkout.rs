@@ -58,7 +58,8 @@ use axum::http::{HeaderName, HeaderValue, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::Router;
-use idem::outbox::{self, Backoff, Relay, RelayFault};
+use idem::faults::FaultPoint;
+use idem::outbox::{self, Backoff, Relay};
 use idem::{Engine, IdempotencyKey, Problem};
 use idem_client::reqwest_middleware::{self, ClientWithMiddleware};
 use idem_client::{IdempotentRetry, RequestBuilderExt, ResponseExt, RetryPolicy};
@@ -148,7 +149,7 @@ async fn drained(engine: &Engine<Sqlite>) -> Result<(), BoxError> {
 async fn relay_process(orders_db: &str) -> Result<bool, BoxError> {
     let engine = Engine::<Sqlite>::open_sqlite(orders_db).await?;
     let relay = outbox_relay(&engine, "relay B")?
-        .fault(Some(RelayFault::AfterPublish))
+        .fault(Some(FaultPoint::RelayAfterPublish))
         .spawn()
         .await?;
     tokio::time::sleep(Duration::from_secs(10)).await;

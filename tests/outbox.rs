@@ -15,9 +15,10 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
+use idem::faults::FaultPoint;
 use idem::outbox::{
     self, Backoff, Delivered, Enqueued, InProcessSink, Message, MessageState, OutboxError, Relay,
-    RelayFault, WebhookSink,
+    WebhookSink,
 };
 use idem::signature::{unix_now, SigningSecret};
 use idem::Backend;
@@ -290,7 +291,7 @@ async fn relay_child_entry() {
             .parse()
             .unwrap(),
     );
-    let fault: Option<RelayFault> = std::env::var("IDEM_RELAY_CHILD_FAULT")
+    let fault: Option<FaultPoint> = std::env::var("IDEM_RELAY_CHILD_FAULT")
         .ok()
         .map(|name| name.parse().unwrap());
     if let Some(path) = url.strip_prefix("sqlite://") {
@@ -302,7 +303,7 @@ async fn relay_child_entry() {
     }
 }
 
-async fn child_relay<DB: Backend>(engine: Engine<DB>, lease: Duration, fault: Option<RelayFault>) {
+async fn child_relay<DB: Backend>(engine: Engine<DB>, lease: Duration, fault: Option<FaultPoint>) {
     let env = |name: &str| std::env::var(name).ok();
     let poll = env("IDEM_RELAY_CHILD_POLL_MS").map_or(50, |ms| ms.parse().unwrap());
     let handle = relay(&engine, lease)
@@ -744,11 +745,12 @@ where
     let id = place(&engine, "order-4", event(&receiver, "order-4", 1)).await;
     let lease = Duration::from_millis(600);
     // Stalls 1.5 s after the receiver acknowledged: its lease runs out.
-    let stale = relay(&engine, lease)
-        .owner("stale")
-        .fault(Some(RelayFault::StallAfterPublish(Duration::from_millis(
-            1500,
-        ))));
+    let stale =
+        relay(&engine, lease)
+            .owner("stale")
+            .fault(Some(FaultPoint::RelayStallAfterPublish(
+                Duration::from_millis(1500),
+            )));
     let stale_round = tokio::spawn(async move {
         let claimed = stale.run_once().await.unwrap();
         (claimed, stale.stats())

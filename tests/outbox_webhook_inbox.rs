@@ -29,9 +29,10 @@ use axum::http::HeaderMap;
 use axum::response::Response;
 use axum::routing::post;
 use axum::Router;
+use idem::faults::FaultPoint;
 use idem::inbox::webhook::WebhookReceiver;
 use idem::inbox::Inbox;
-use idem::outbox::{self, Message, MessageState, Relay, RelayFault, WebhookSink};
+use idem::outbox::{self, Message, MessageState, Relay, WebhookSink};
 use idem::signature::SigningSecret;
 use idem::{Policy, Problem};
 use inbox_support::Effects;
@@ -166,11 +167,9 @@ where
     //    marking sent; relay B leases the message again and delivers it;
     //    the receiver answers from its record; A's mark-sent is fenced.
     enqueue(publisher, &url, "evt-2", r#"{"order":2}"#).await;
-    let stalled = Arc::new(
-        relay(publisher, SECRET).fault(Some(RelayFault::StallAfterPublish(Duration::from_millis(
-            2000,
-        )))),
-    );
+    let stalled = Arc::new(relay(publisher, SECRET).fault(Some(
+        FaultPoint::RelayStallAfterPublish(Duration::from_millis(2000)),
+    )));
     let a = tokio::spawn({
         let stalled = stalled.clone();
         async move { stalled.run_once().await.expect("relay A") }

@@ -414,7 +414,7 @@ impl<DB: Backend> Inbox<DB> {
     /// engine, the [`Consumer`] (the function's `scope`), the message id as
     /// key and the message (its `#[fingerprint]` parameter). The function's
     /// `step` must be this inbox's step. The function's claim follows its
-    /// own attributes, not [`Inbox::policy`]: give it `wait = "1s"` so an
+    /// own attributes, not [`Inbox::with_policy`]: give it `wait = "1s"` so an
     /// overlapping delivery is turned away quickly as [`Verdict::Busy`].
     ///
     /// ```no_run

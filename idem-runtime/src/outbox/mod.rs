@@ -55,7 +55,7 @@ use std::time::Duration;
 pub use channel::InProcessSink;
 pub use error::OutboxError;
 pub use message::{Message, DEFAULT_MAX_ATTEMPTS, MAX_ID_LEN};
-pub use relay::{Backoff, Relay, RelayError, RelayFault, RelayHandle, RelayStats};
+pub use relay::{Backoff, Relay, RelayError, RelayHandle, RelayStats};
 pub use sink::{Delivered, OutgoingMessage, Sink, SinkError, SinkFuture};
 pub use wake::notify_other_processes;
 #[cfg(feature = "webhook")]

@@ -27,7 +27,6 @@
 
 use std::collections::{HashMap, HashSet};
 use std::fmt;
-use std::str::FromStr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -41,6 +40,7 @@ use super::sink::{Delivered, Sink, SinkError};
 use super::wake::{wake_relays, ENQUEUES, WAKE};
 use super::DEFAULT_MAX_ATTEMPTS;
 use crate::engine::Engine;
+use crate::faults::{abort_at, FaultPoint, ENABLED};
 use crate::key::IdempotencyKey;
 use crate::metrics::{self, Delivery};
 use crate::store::outbox::{Claimed, Settlement};
@@ -103,62 +103,6 @@ impl Backoff {
                 lease.saturating_mul(max_attempts.max(1)),
                 Duration::saturating_add,
             )
-    }
-}
-
-/// A point where a relay built with idem's `faults` feature dies (or stalls)
-/// on purpose, for crash tests. Without the feature nothing happens.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RelayFault {
-    /// The message is leased; the sink was not called (`relay-before-publish`).
-    BeforePublish,
-    /// The sink acknowledged; the row is not marked sent (`relay-after-publish`).
-    AfterPublish,
-    /// After the sink acknowledged, the relay pauses this long before marking
-    /// sent, as a stalled process would (`relay-stall-after-publish`).
-    StallAfterPublish(Duration),
-}
-
-impl fmt::Display for RelayFault {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            RelayFault::BeforePublish => f.write_str("relay-before-publish"),
-            RelayFault::AfterPublish => f.write_str("relay-after-publish"),
-            RelayFault::StallAfterPublish(pause) => {
-                write!(f, "relay-stall-after-publish:{}", pause.as_millis())
-            }
-        }
-    }
-}
-
-impl FromStr for RelayFault {
-    type Err = String;
-
-    /// ```
-    /// use idem_runtime::outbox::RelayFault;
-    /// use std::time::Duration;
-    /// assert_eq!("relay-after-publish".parse(), Ok(RelayFault::AfterPublish));
-    /// assert_eq!(
-    ///     "relay-stall-after-publish:250".parse(),
-    ///     Ok(RelayFault::StallAfterPublish(Duration::from_millis(250)))
-    /// );
-    /// assert!("later".parse::<RelayFault>().is_err());
-    /// ```
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s.trim() {
-            "relay-before-publish" => Ok(RelayFault::BeforePublish),
-            "relay-after-publish" => Ok(RelayFault::AfterPublish),
-            other => other
-                .strip_prefix("relay-stall-after-publish:")
-                .and_then(|ms| ms.parse().ok())
-                .map(|ms| RelayFault::StallAfterPublish(Duration::from_millis(ms)))
-                .ok_or_else(|| {
-                    format!(
-                        "unknown relay fault point {other:?}; use relay-before-publish, \
-                         relay-after-publish or relay-stall-after-publish:<ms>"
-                    )
-                }),
-        }
     }
 }
 
@@ -260,7 +204,7 @@ pub struct Relay<DB: Backend> {
     purge_every: Duration,
     purge_batch: u32,
     owner: String,
-    fault: Option<RelayFault>,
+    fault: Option<FaultPoint>,
     listen: bool,
     counters: Arc<Counters>,
 }
@@ -389,8 +333,9 @@ impl<DB: Backend> Relay<DB> {
         self
     }
 
-    /// Arms a fault point (only in a build with the `faults` feature).
-    pub fn fault(mut self, fault: Option<RelayFault>) -> Self {
+    /// Arms one of the relay's fault points (`relay-…`; only in a build
+    /// with the `faults` feature).
+    pub fn fault(mut self, fault: Option<FaultPoint>) -> Self {
         self.fault = fault;
         self
     }
@@ -726,15 +671,9 @@ async fn publish(
     sink: &dyn Sink,
     message: &Claimed,
     timeout: Duration,
-    fault: Option<RelayFault>,
+    fault: Option<FaultPoint>,
 ) -> Result<Delivered, SinkError> {
-    if crate::faults::ENABLED && fault == Some(RelayFault::BeforePublish) {
-        eprintln!(
-            "idem fault injection: aborting {}",
-            RelayFault::BeforePublish
-        );
-        std::process::abort();
-    }
+    abort_at(fault, FaultPoint::RelayBeforePublish);
     let outcome = match tokio::time::timeout(timeout, sink.publish(&message.message)).await {
         Ok(outcome) => outcome,
         Err(_) => Err(SinkError::Transient {
@@ -742,17 +681,10 @@ async fn publish(
             retry_after: None,
         }),
     };
-    if crate::faults::ENABLED && outcome.is_ok() {
-        match fault {
-            Some(RelayFault::AfterPublish) => {
-                eprintln!(
-                    "idem fault injection: aborting {}",
-                    RelayFault::AfterPublish
-                );
-                std::process::abort();
-            }
-            Some(RelayFault::StallAfterPublish(pause)) => tokio::time::sleep(pause).await,
-            _ => {}
+    if outcome.is_ok() {
+        abort_at(fault, FaultPoint::RelayAfterPublish);
+        if let (true, Some(FaultPoint::RelayStallAfterPublish(pause))) = (ENABLED, fault) {
+            tokio::time::sleep(pause).await;
         }
     }
     outcome

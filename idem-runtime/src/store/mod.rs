@@ -1,7 +1,7 @@
 //! The stores: one sealed seam, implemented once per database.
 //!
 //! Everything idem keeps in a database goes through [`Backend`]: the key
-//! records of claims ([`keys`]-side statements), the outbox's messages and
+//! records of claims, the outbox's messages and
 //! the inbox's poison rows. A backend is one folder, `store/<backend>/`, with
 //! a file for each of the three (`keys.rs`, `outbox.rs`, `inbox.rs`) and its
 //! connection options in `mod.rs`. The engine's logic lives in
