@@ -34,10 +34,11 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use async_nats::jetstream::{self, consumer::pull, stream};
+use idem::faults::FaultPoint;
 use idem::inbox::nats::NatsInbox;
 use idem::inbox::{Consumer, Inbox, Message};
 use idem::outbox::nats::NatsSink;
-use idem::outbox::{self, Backoff, Relay, RelayFault};
+use idem::outbox::{self, Backoff, Relay};
 use idem::sqlx::{self, Sqlite, SqliteConnection};
 use idem::{idempotent, Engine, Fingerprint, IdempotencyKey, Problem, Scope, Via};
 use serde::{Deserialize, Serialize};
@@ -241,7 +242,7 @@ async fn demo(args: Args) -> Result<bool, Box<dyn std::error::Error>> {
             first_event = Some(id);
         }
     }
-    let backlog = outbox::backlog(&orders).await?;
+    let backlog = outbox::backlog(orders.pool()).await?;
     if backlog.pending != args.orders as u64 {
         return Err(format!(
             "{} events enqueued for {} orders",
@@ -255,9 +256,9 @@ async fn demo(args: Args) -> Result<bool, Box<dyn std::error::Error>> {
     let sink = NatsSink::new(js.clone(), "ORDERS");
     let stalled = relay(&orders, &sink)
         .batch(1)
-        .fault(Some(RelayFault::StallAfterPublish(Duration::from_millis(
-            1500,
-        ))));
+        .fault(Some(FaultPoint::RelayStallAfterPublish(
+            Duration::from_millis(1500),
+        )));
     let a = tokio::spawn(async move {
         stalled.run_once().await?;
         Ok::<_, idem::outbox::RelayError>(stalled.stats())
@@ -273,7 +274,7 @@ async fn demo(args: Args) -> Result<bool, Box<dyn std::error::Error>> {
     // B's start checks the stream keeps ids longer than B may retry.
     let b = relay(&orders, &sink).spawn().await?;
     let deadline = Instant::now() + Duration::from_secs(30);
-    while outbox::backlog(&orders).await?.pending > 0 {
+    while outbox::backlog(orders.pool()).await?.pending > 0 {
         if Instant::now() > deadline {
             return Err("the outbox was not published within 30 s".into());
         }
@@ -314,7 +315,7 @@ async fn demo(args: Args) -> Result<bool, Box<dyn std::error::Error>> {
     // The first event again, under a new stream sequence (as after the
     // duplicate window): the stream stores it, the inbox catches it.
     if let Some(first) = first_event {
-        let first = outbox::entry(&orders, first.as_str())
+        let first = outbox::entry(orders.pool(), first.as_str())
             .await?
             .ok_or("order 1's event is not in the outbox")?;
         let publish = jetstream::message::PublishMessage::build()

@@ -708,7 +708,7 @@ async fn run_backend<DB: FlowBackend>(
     let orders_engine = DB::connect(&stores.orders).await?;
     let deadline = Instant::now() + DRAIN_TIMEOUT;
     loop {
-        let backlog = outbox::backlog(&orders_engine).await?;
+        let backlog = outbox::backlog(orders_engine.pool()).await?;
         if backlog.pending == 0 {
             break;
         }

@@ -58,7 +58,8 @@ use axum::http::{HeaderName, HeaderValue, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::Router;
-use idem::outbox::{self, Backoff, Relay, RelayFault};
+use idem::faults::FaultPoint;
+use idem::outbox::{self, Backoff, Relay};
 use idem::{Engine, IdempotencyKey, Problem};
 use idem_client::reqwest_middleware::{self, ClientWithMiddleware};
 use idem_client::{IdempotentRetry, RequestBuilderExt, ResponseExt, RetryPolicy};
@@ -133,7 +134,7 @@ fn outbox_relay(engine: &Engine<Sqlite>, name: &str) -> Result<Relay<Sqlite>, Bo
 /// Waits until every message of the outbox is delivered.
 async fn drained(engine: &Engine<Sqlite>) -> Result<(), BoxError> {
     let deadline = Instant::now() + Duration::from_secs(10);
-    while outbox::backlog(engine).await?.pending > 0 {
+    while outbox::backlog(engine.pool()).await?.pending > 0 {
         if Instant::now() > deadline {
             return Err("the outbox was not delivered within 10 s".into());
         }
@@ -148,7 +149,7 @@ async fn drained(engine: &Engine<Sqlite>) -> Result<(), BoxError> {
 async fn relay_process(orders_db: &str) -> Result<bool, BoxError> {
     let engine = Engine::<Sqlite>::open_sqlite(orders_db).await?;
     let relay = outbox_relay(&engine, "relay B")?
-        .fault(Some(RelayFault::AfterPublish))
+        .fault(Some(FaultPoint::RelayAfterPublish))
         .spawn()
         .await?;
     tokio::time::sleep(Duration::from_secs(10)).await;

@@ -14,9 +14,10 @@ use std::time::{Duration, Instant};
 
 use async_nats::jetstream::{self, consumer::pull, consumer::PullConsumer, stream};
 use idem::inbox::nats::{BatchReport, NatsInbox};
-use idem::inbox::{Consumer, Inbox, InboxBackend, Message, Verdict};
+use idem::inbox::{Consumer, Inbox, Message, Verdict};
 use idem::outbox::nats::NatsSink;
 use idem::outbox::{Delivered, OutgoingMessage, Sink};
+use idem::Backend;
 use idem::{idempotent, IdempotencyKey, Policy, Problem};
 use support::{Harness, TestBackend};
 
@@ -88,7 +89,7 @@ async fn effects<DB: TestBackend + inbox_support::Effects>(h: &Harness<DB>, id: 
 }
 
 /// The billing handler: one payment row per processed message.
-async fn bill<DB: TestBackend + InboxBackend + inbox_support::Effects>(
+async fn bill<DB: TestBackend + inbox_support::Effects>(
     inbox: &Inbox<DB>,
     message: &Message,
 ) -> Verdict {
@@ -108,7 +109,7 @@ async fn poll_until<DB, F>(
     done: impl Fn(&BatchReport) -> bool,
 ) -> BatchReport
 where
-    DB: InboxBackend,
+    DB: Backend,
     F: AsyncFn(&Inbox<DB>, &Message) -> Verdict,
 {
     let deadline = Instant::now() + limit;
@@ -128,7 +129,7 @@ where
     total
 }
 
-fn runner<DB: InboxBackend>(
+fn runner<DB: Backend>(
     inbox: Inbox<DB>,
     js: &jetstream::Context,
     consumer: PullConsumer,
@@ -138,7 +139,7 @@ fn runner<DB: InboxBackend>(
         .expires(Duration::from_millis(500))
 }
 
-fn inbox<DB: TestBackend + InboxBackend + inbox_support::Effects>(h: &Harness<DB>) -> Inbox<DB> {
+fn inbox<DB: TestBackend + inbox_support::Effects>(h: &Harness<DB>) -> Inbox<DB> {
     Inbox::new(h.engine.clone(), "billing", BILL.name()).expect("inbox")
 }
 
@@ -184,11 +185,7 @@ async fn child_consumer_entry() {
     }
 }
 
-async fn child<DB: TestBackend + InboxBackend + inbox_support::Effects>(
-    mode: &str,
-    store: &str,
-    nats: &str,
-) {
+async fn child<DB: TestBackend + inbox_support::Effects>(mode: &str, store: &str, nats: &str) {
     use idem::faults::{abort_at, FaultPoint};
     let engine = idem::Engine::new(DB::pool(store, &Policy::default()).await);
     let inbox = Inbox::new(engine, "billing", BILL.name()).expect("inbox");
@@ -222,7 +219,7 @@ async fn child<DB: TestBackend + InboxBackend + inbox_support::Effects>(
 
 /// (7) Killed after the commit, before the ack: the redelivery is acked as a
 /// duplicate, with no second effect.
-async fn killed_after_commit<DB: TestBackend + InboxBackend + inbox_support::Effects>(
+async fn killed_after_commit<DB: TestBackend + inbox_support::Effects>(
     h: Harness<DB>,
     backend: &str,
 ) {
@@ -260,7 +257,7 @@ async fn killed_after_commit<DB: TestBackend + InboxBackend + inbox_support::Eff
 }
 
 /// (8) Killed before the commit: the redelivery processes it, once.
-async fn killed_before_commit<DB: TestBackend + InboxBackend + inbox_support::Effects>(
+async fn killed_before_commit<DB: TestBackend + inbox_support::Effects>(
     h: Harness<DB>,
     backend: &str,
 ) {
@@ -291,9 +288,7 @@ async fn killed_before_commit<DB: TestBackend + InboxBackend + inbox_support::Ef
 /// (9) The handler outlives `ack_wait`, so the server delivers the message
 /// again while the first delivery still holds the claim: one effect, the
 /// other delivery nak'd as busy.
-async fn concurrent_deliveries<DB: TestBackend + InboxBackend + inbox_support::Effects>(
-    h: Harness<DB>,
-) {
+async fn concurrent_deliveries<DB: TestBackend + inbox_support::Effects>(h: Harness<DB>) {
     let server = nats_harness::single();
     let js = jetstream::new(nats_harness::connect(&[server.url()]).await);
     let (_stream, mut consumer) = stream_and_consumer(&js, Duration::from_secs(1)).await;
@@ -340,9 +335,7 @@ async fn concurrent_deliveries<DB: TestBackend + InboxBackend + inbox_support::E
 /// (10) A permanent error poisons the message: recorded, terminated (never
 /// redelivered); requeued, it is processed once the handler accepts it.
 /// Too many transient failures poison it too.
-async fn poison_and_requeue<DB: TestBackend + InboxBackend + inbox_support::Effects>(
-    h: Harness<DB>,
-) {
+async fn poison_and_requeue<DB: TestBackend + inbox_support::Effects>(h: Harness<DB>) {
     let server = nats_harness::single();
     let js = jetstream::new(nats_harness::connect(&[server.url()]).await);
     let (_stream, mut consumer) = stream_and_consumer(&js, Duration::from_secs(5)).await;
@@ -447,9 +440,7 @@ async fn poison_and_requeue<DB: TestBackend + InboxBackend + inbox_support::Effe
 /// Messages the inbox cannot key are never processed blind: one without
 /// `Nats-Msg-Id`, one whose id is not a valid key, and one whose id was used
 /// before with another payload are each terminated and kept as poison.
-async fn unkeyable_messages_poisoned<DB: TestBackend + InboxBackend + inbox_support::Effects>(
-    h: Harness<DB>,
-) {
+async fn unkeyable_messages_poisoned<DB: TestBackend + inbox_support::Effects>(h: Harness<DB>) {
     let server = nats_harness::single();
     let js = jetstream::new(nats_harness::connect(&[server.url()]).await);
     let (_stream, mut consumer) =
@@ -513,7 +504,7 @@ idempotent_handler!(bill_postgres, sqlx::PgConnection);
 
 /// The same message twice through an `#[idempotent]` handler: one effect,
 /// the second delivery a duplicate.
-async fn idempotent_macro_handler<DB: TestBackend + InboxBackend + inbox_support::Effects, F>(
+async fn idempotent_macro_handler<DB: TestBackend + inbox_support::Effects, F>(
     h: Harness<DB>,
     handler: F,
 ) where

@@ -20,7 +20,7 @@ use axum::routing::post;
 use axum::Router;
 use client::{HttpClient, Reply};
 use idem::inbox::webhook::WebhookReceiver;
-use idem::inbox::{Consumer, Inbox, InboxBackend, Message};
+use idem::inbox::{Consumer, Inbox, Message};
 use idem::signature::{unix_now, SigningSecret};
 use idem::{idempotent, IdempotencyKey, Policy, Problem};
 use inbox_support::Effects;
@@ -32,7 +32,7 @@ idem::steps! {
 
 const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
 
-async fn hook<DB: TestBackend + InboxBackend>(
+async fn hook<DB: TestBackend>(
     State(receiver): State<Arc<WebhookReceiver<DB>>>,
     headers: HeaderMap,
     body: Bytes,
@@ -104,7 +104,7 @@ struct Server {
 }
 
 impl Server {
-    async fn start<DB: TestBackend + InboxBackend>(
+    async fn start<DB: TestBackend>(
         h: &Harness<DB>,
         macro_route: Router<Arc<WebhookReceiver<DB>>>,
     ) -> Self {
@@ -158,7 +158,7 @@ impl Server {
     }
 }
 
-async fn guide_cases<DB: TestBackend + InboxBackend + Effects>(
+async fn guide_cases<DB: TestBackend + Effects>(
     h: Harness<DB>,
     macro_route: Router<Arc<WebhookReceiver<DB>>>,
     macro_path: &str,

@@ -10,14 +10,13 @@ mod support;
 use std::collections::HashMap;
 use std::time::Duration;
 
-use idem_runtime::inbox::{Inbox, InboxBackend, Message as Incoming, Verdict};
+use idem_runtime::inbox::{Inbox, Message as Incoming, Verdict};
 use idem_runtime::metrics::{
     CLAIMS, CLAIM_WAIT, HANDLER_DURATION, INBOX_MESSAGES, OUTBOX_DEAD, OUTBOX_OLDEST_PENDING,
     OUTBOX_PENDING, OUTBOX_PUBLISHED, OUTBOX_RELAY_LAG, PURGE_DURATION, PURGE_ROWS,
 };
-use idem_runtime::outbox::{
-    self, Delivered, InProcessSink, Message, OutboxConnection, OutboxStore, Relay, SinkError,
-};
+use idem_runtime::outbox::{self, Delivered, InProcessSink, Message, Relay, SinkError};
+use idem_runtime::Backend;
 use idem_runtime::{
     Claim, ClaimMode, FailureMode, IdemError, IdempotencyKey, Operation, Policy, Problem, Scope,
     Step, StoredResponse,
@@ -115,8 +114,7 @@ async fn play_queues<DB>(
     snapshotter: &Snapshotter,
 ) -> (f64, f64)
 where
-    DB: TestBackend + OutboxStore + InboxBackend,
-    DB::Connection: OutboxConnection,
+    DB: TestBackend + Backend + Backend,
 {
     let scope = Scope::tenant("acme");
     let parent = IdempotencyKey::new(format!("order-{sink}")).unwrap();

@@ -15,11 +15,13 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
+use idem::faults::FaultPoint;
 use idem::outbox::{
-    self, Backoff, Delivered, Enqueued, InProcessSink, Message, MessageState, OutboxConnection,
-    OutboxError, OutboxStore, Relay, RelayFault, WebhookSink,
+    self, Backoff, Delivered, Enqueued, InProcessSink, Message, MessageState, OutboxError, Relay,
+    WebhookSink,
 };
 use idem::signature::{unix_now, SigningSecret};
+use idem::Backend;
 use idem::{Engine, IdempotencyKey, Operation, Problem, Scope};
 use idem_runtime::test_support;
 use sqlx::{Postgres, Sqlite};
@@ -60,7 +62,7 @@ async fn sqlite_idempotent_handler_enqueues_once_across_replays() {
         .unwrap();
     assert_eq!((first.value, again.value), (Ok(40), Ok(40)));
     assert_eq!(again.via, idem::Via::Replayed);
-    let rows = outbox::entries_for(&engine, &Scope::tenant("acme"), &key("order-h1"))
+    let rows = outbox::entries_for(engine.pool(), Scope::tenant("acme").as_stored(), "order-h1")
         .await
         .unwrap();
     assert_eq!(rows.len(), 1);
@@ -200,8 +202,7 @@ fn event(receiver: &Receiver, key: &str, seq: u64) -> Message {
 /// Places an order under `parent` whose handler enqueues one webhook.
 async fn place<DB>(engine: &Engine<DB>, parent: &str, message: Message) -> String
 where
-    DB: OutboxStore,
-    DB::Connection: OutboxConnection,
+    DB: Backend,
 {
     let scope = Scope::tenant("acme");
     let parent = key(parent);
@@ -226,15 +227,19 @@ async fn wait_for(what: &str, limit: Duration, mut done: impl AsyncFnMut() -> bo
     }
 }
 
-async fn state<DB: OutboxStore>(engine: &Engine<DB>, id: &str) -> MessageState {
-    outbox::entry(engine, id).await.unwrap().unwrap().state
+async fn state<DB: Backend>(engine: &Engine<DB>, id: &str) -> MessageState {
+    outbox::entry(engine.pool(), id)
+        .await
+        .unwrap()
+        .unwrap()
+        .state
 }
 
-async fn drained<DB: OutboxStore>(engine: &Engine<DB>) -> bool {
-    outbox::backlog(engine).await.unwrap().pending == 0
+async fn drained<DB: Backend>(engine: &Engine<DB>) -> bool {
+    outbox::backlog(engine.pool()).await.unwrap().pending == 0
 }
 
-fn relay<DB: OutboxStore>(engine: &Engine<DB>, lease: Duration) -> Relay<DB> {
+fn relay<DB: Backend>(engine: &Engine<DB>, lease: Duration) -> Relay<DB> {
     Relay::new(engine)
         .sink(WebhookSink::new(secret()))
         .lease(lease)
@@ -286,7 +291,7 @@ async fn relay_child_entry() {
             .parse()
             .unwrap(),
     );
-    let fault: Option<RelayFault> = std::env::var("IDEM_RELAY_CHILD_FAULT")
+    let fault: Option<FaultPoint> = std::env::var("IDEM_RELAY_CHILD_FAULT")
         .ok()
         .map(|name| name.parse().unwrap());
     if let Some(path) = url.strip_prefix("sqlite://") {
@@ -298,11 +303,7 @@ async fn relay_child_entry() {
     }
 }
 
-async fn child_relay<DB: OutboxStore>(
-    engine: Engine<DB>,
-    lease: Duration,
-    fault: Option<RelayFault>,
-) {
+async fn child_relay<DB: Backend>(engine: Engine<DB>, lease: Duration, fault: Option<FaultPoint>) {
     let env = |name: &str| std::env::var(name).ok();
     let poll = env("IDEM_RELAY_CHILD_POLL_MS").map_or(50, |ms| ms.parse().unwrap());
     let handle = relay(&engine, lease)
@@ -396,8 +397,7 @@ async fn postgres_relay_in_another_process_wakes_on_notify() {
 
 async fn enqueue_is_once_per_id<DB>(engine: Engine<DB>)
 where
-    DB: OutboxStore,
-    DB::Connection: OutboxConnection,
+    DB: Backend,
 {
     let receiver = Receiver::start().await;
     // A handler that enqueues and then fails with a transient error: rolled
@@ -416,10 +416,12 @@ where
         .await
         .unwrap();
     assert!(failed.value.is_err());
-    assert!(outbox::entries_for(&engine, &scope, &parent)
-        .await
-        .unwrap()
-        .is_empty());
+    assert!(
+        outbox::entries_for(engine.pool(), scope.as_stored(), parent.as_str())
+            .await
+            .unwrap()
+            .is_empty()
+    );
 
     // The retry commits one row.
     let retried = engine
@@ -468,7 +470,9 @@ where
     ));
     drop(tx);
 
-    let rows = outbox::entries_for(&engine, &scope, &parent).await.unwrap();
+    let rows = outbox::entries_for(engine.pool(), scope.as_stored(), parent.as_str())
+        .await
+        .unwrap();
     assert_eq!(rows.len(), 2, "{rows:?}");
     assert_eq!(rows[0].message_id, parent.child(NOTIFY).as_str());
     assert_eq!(rows[0].state, MessageState::Pending);
@@ -528,12 +532,12 @@ async fn postgres_concurrent_enqueues_of_one_id_leave_one_row() {
     );
     first.commit().await.unwrap();
     assert_eq!(second.await.unwrap(), Enqueued::AlreadyQueued);
-    let entry = outbox::entry(&engine, "order-77-created")
+    let entry = outbox::entry(engine.pool(), "order-77-created")
         .await
         .unwrap()
         .unwrap();
     assert_eq!(entry.payload, b"x");
-    assert_eq!(outbox::backlog(&engine).await.unwrap().pending, 1);
+    assert_eq!(outbox::backlog(engine.pool()).await.unwrap().pending, 1);
 }
 
 // ---------------------------------------------------------------------------
@@ -541,8 +545,7 @@ async fn postgres_concurrent_enqueues_of_one_id_leave_one_row() {
 
 async fn killed_after_publish<DB>(url: &str, engine: Engine<DB>)
 where
-    DB: OutboxStore,
-    DB::Connection: OutboxConnection,
+    DB: Backend,
 {
     let receiver = Receiver::start().await;
     let id = place(&engine, "order-1", event(&receiver, "order-1", 1)).await;
@@ -563,7 +566,7 @@ where
     assert_eq!(stats.published, 0, "{stats:?}");
     assert_eq!(receiver.deliveries(), 2);
     assert_eq!(receiver.effects(), 1, "one webhook effect");
-    let entry = outbox::entry(&engine, &id).await.unwrap().unwrap();
+    let entry = outbox::entry(engine.pool(), &id).await.unwrap().unwrap();
     assert_eq!(entry.attempts, 2);
     assert_eq!(entry.receipt.as_deref(), Some("HTTP 200"));
 }
@@ -585,8 +588,7 @@ async fn postgres_relay_killed_after_publish_makes_one_effect() {
 
 async fn killed_before_publish<DB>(url: &str, engine: Engine<DB>)
 where
-    DB: OutboxStore,
-    DB::Connection: OutboxConnection,
+    DB: Backend,
 {
     let receiver = Receiver::start().await;
     let id = place(&engine, "order-2", event(&receiver, "order-2", 1)).await;
@@ -631,8 +633,7 @@ const PER_KEY: u64 = 25;
 
 async fn enqueue_ordered<DB>(engine: &Engine<DB>, receiver: &Receiver)
 where
-    DB: OutboxStore,
-    DB::Connection: OutboxConnection,
+    DB: Backend,
 {
     for seq in 0..PER_KEY {
         for k in 0..KEYS {
@@ -700,7 +701,7 @@ async fn postgres_eight_relays_publish_each_message_once_in_key_order() {
     in_process_relays(8).await;
 }
 
-async fn relay_processes(url: &str, engine: &Engine<impl OutboxStore>, receiver: &Receiver) {
+async fn relay_processes(url: &str, engine: &Engine<impl Backend>, receiver: &Receiver) {
     let children: Vec<_> = (0..4)
         .map(|_| {
             let url = url.to_owned();
@@ -738,18 +739,18 @@ async fn postgres_four_relay_processes_publish_each_message_once_in_key_order() 
 
 async fn stale_relay_is_fenced<DB>(engine: Engine<DB>)
 where
-    DB: OutboxStore,
-    DB::Connection: OutboxConnection,
+    DB: Backend,
 {
     let receiver = Receiver::start().await;
     let id = place(&engine, "order-4", event(&receiver, "order-4", 1)).await;
     let lease = Duration::from_millis(600);
     // Stalls 1.5 s after the receiver acknowledged: its lease runs out.
-    let stale = relay(&engine, lease)
-        .owner("stale")
-        .fault(Some(RelayFault::StallAfterPublish(Duration::from_millis(
-            1500,
-        ))));
+    let stale =
+        relay(&engine, lease)
+            .owner("stale")
+            .fault(Some(FaultPoint::RelayStallAfterPublish(
+                Duration::from_millis(1500),
+            )));
     let stale_round = tokio::spawn(async move {
         let claimed = stale.run_once().await.unwrap();
         (claimed, stale.stats())
@@ -775,7 +776,7 @@ where
     assert_eq!(fresh_stats.duplicates, 1, "{fresh_stats:?}");
     assert_eq!(receiver.effects(), 1);
     assert_eq!(receiver.deliveries(), 2);
-    let entry = outbox::entry(&engine, &id).await.unwrap().unwrap();
+    let entry = outbox::entry(engine.pool(), &id).await.unwrap().unwrap();
     assert_eq!((entry.state, entry.attempts), (MessageState::Sent, 2));
 }
 
@@ -797,8 +798,7 @@ async fn postgres_stale_relay_is_fenced() {
 
 async fn receiver_down_then_requeued<DB>(engine: Engine<DB>)
 where
-    DB: OutboxStore,
-    DB::Connection: OutboxConnection,
+    DB: Backend,
 {
     // A receiver that is down: it accepts connections and drops them at
     // once, without an answer (the port stays ours for the requeue below).
@@ -842,7 +842,7 @@ where
         state(&engine, &id).await == MessageState::Dead
     })
     .await;
-    let entry = outbox::entry(&engine, &id).await.unwrap().unwrap();
+    let entry = outbox::entry(engine.pool(), &id).await.unwrap().unwrap();
     assert_eq!(entry.attempts, 3);
     assert!(
         entry
@@ -859,14 +859,14 @@ where
         MessageState::Pending
     );
     assert_eq!(
-        outbox::entry(&engine, "customer-9-second")
+        outbox::entry(engine.pool(), "customer-9-second")
             .await
             .unwrap()
             .unwrap()
             .attempts,
         0
     );
-    let dead = outbox::dead(&engine, 10).await.unwrap();
+    let dead = outbox::dead(engine.pool(), 10).await.unwrap();
     assert_eq!(dead.len(), 1);
     let stats = handle.stats();
     assert_eq!(
@@ -878,9 +878,9 @@ where
     // The receiver comes up; an operator requeues.
     stop.send(()).unwrap();
     let receiver = Receiver::serve(down.await.unwrap());
-    assert!(outbox::requeue(&engine, &id).await.unwrap());
+    assert!(outbox::requeue(engine.pool(), &id).await.unwrap());
     assert!(
-        !outbox::requeue(&engine, &id).await.unwrap(),
+        !outbox::requeue(engine.pool(), &id).await.unwrap(),
         "only dead messages requeue"
     );
     wait_for("both deliveries", Duration::from_secs(10), async || {
@@ -973,11 +973,17 @@ async fn sqlite_retry_after_is_honoured_and_4xx_is_dead_until_skipped() {
         async || state(&engine, &rejected_id).await == MessageState::Dead,
     )
     .await;
-    let entry = outbox::entry(&engine, &rejected_id).await.unwrap().unwrap();
+    let entry = outbox::entry(engine.pool(), &rejected_id)
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(entry.attempts, 1, "a 422 is not retried");
     assert!(entry.last_error.unwrap().contains("422"));
-    assert!(outbox::skip(&engine, &rejected_id).await.unwrap());
-    let entry = outbox::entry(&engine, &rejected_id).await.unwrap().unwrap();
+    assert!(outbox::skip(engine.pool(), &rejected_id).await.unwrap());
+    let entry = outbox::entry(engine.pool(), &rejected_id)
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(
         (entry.state, entry.receipt.as_deref()),
         (MessageState::Sent, Some("skipped"))
@@ -1027,7 +1033,10 @@ async fn postgres_in_process_sink_and_retention_purge() {
     }
     assert_eq!(ids, ["order-0", "order-1", "order-2"]);
     wait_for("the purge", Duration::from_secs(10), async || {
-        outbox::entry(&engine, "order-2").await.unwrap().is_none()
+        outbox::entry(engine.pool(), "order-2")
+            .await
+            .unwrap()
+            .is_none()
     })
     .await;
     let stats = handle.shutdown().await;

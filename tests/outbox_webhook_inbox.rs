@@ -29,9 +29,10 @@ use axum::http::HeaderMap;
 use axum::response::Response;
 use axum::routing::post;
 use axum::Router;
+use idem::faults::FaultPoint;
 use idem::inbox::webhook::WebhookReceiver;
-use idem::inbox::{Inbox, InboxBackend};
-use idem::outbox::{self, Message, MessageState, OutboxStore, Relay, RelayFault, WebhookSink};
+use idem::inbox::Inbox;
+use idem::outbox::{self, Message, MessageState, Relay, WebhookSink};
 use idem::signature::SigningSecret;
 use idem::{Policy, Problem};
 use inbox_support::Effects;
@@ -45,7 +46,7 @@ idem::steps! {
 const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
 const FORGED: &str = "whsec_c2VjcmV0LW9mLXNvbWVvbmUtZWxzZQ==";
 
-async fn hook<DB: TestBackend + InboxBackend>(
+async fn hook<DB: TestBackend>(
     State(receiver): State<Arc<WebhookReceiver<DB>>>,
     headers: HeaderMap,
     body: Bytes,
@@ -65,7 +66,7 @@ async fn hook<DB: TestBackend + InboxBackend>(
 }
 
 /// The receiver on `h`'s store, served on a loopback port; its URL.
-async fn serve<DB: TestBackend + InboxBackend>(h: &Harness<DB>) -> String {
+async fn serve<DB: TestBackend>(h: &Harness<DB>) -> String {
     let inbox = Inbox::new(h.engine.clone(), "order-events", RECORD_EVENT.name()).expect("inbox");
     let receiver = WebhookReceiver::new(inbox, SigningSecret::new(SECRET).expect("secret"));
     let app = Router::new()
@@ -83,7 +84,7 @@ async fn serve<DB: TestBackend + InboxBackend>(h: &Harness<DB>) -> String {
 }
 
 /// A relay of `h`'s outbox through the webhook sink, signing with `secret`.
-fn relay<DB: TestBackend + OutboxStore>(h: &Harness<DB>, secret: &str) -> Relay<DB> {
+fn relay<DB: TestBackend>(h: &Harness<DB>, secret: &str) -> Relay<DB> {
     Relay::new(&h.engine)
         .sink(WebhookSink::new(
             SigningSecret::new(secret).expect("secret"),
@@ -93,10 +94,7 @@ fn relay<DB: TestBackend + OutboxStore>(h: &Harness<DB>, secret: &str) -> Relay<
 }
 
 /// Enqueues one event with an explicit id (outside a claim).
-async fn enqueue<DB: TestBackend + OutboxStore>(h: &Harness<DB>, url: &str, id: &str, event: &str)
-where
-    DB::Connection: outbox::OutboxConnection,
-{
+async fn enqueue<DB: TestBackend>(h: &Harness<DB>, url: &str, id: &str, event: &str) {
     let message = Message::webhook(url)
         .body("application/json", event.as_bytes().to_vec())
         .with_id(id, ORDER_EVENT);
@@ -106,15 +104,15 @@ where
         .expect("enqueue");
 }
 
-async fn state<DB: TestBackend + OutboxStore>(h: &Harness<DB>, id: &str) -> outbox::OutboxEntry {
-    outbox::entry(&h.engine, id)
+async fn state<DB: TestBackend>(h: &Harness<DB>, id: &str) -> outbox::OutboxEntry {
+    outbox::entry(h.engine.pool(), id)
         .await
         .expect("entry")
         .expect("the message exists")
 }
 
 /// Runs `relay` until message `id` is no longer pending (at most 15 s).
-async fn deliver<DB: TestBackend + OutboxStore>(
+async fn deliver<DB: TestBackend>(
     h: &Harness<DB>,
     relay: &Relay<DB>,
     id: &str,
@@ -133,8 +131,7 @@ async fn deliver<DB: TestBackend + OutboxStore>(
 
 async fn guide_cases<DB>(receiver: Harness<DB>, other: Harness<DB>)
 where
-    DB: TestBackend + InboxBackend + OutboxStore + Effects,
-    DB::Connection: outbox::OutboxConnection,
+    DB: TestBackend + Effects,
 {
     // The receiver's store is also the first publisher's outbox; `other` is
     // a second publisher (its own store) sending to the same receiver.
@@ -170,11 +167,9 @@ where
     //    marking sent; relay B leases the message again and delivers it;
     //    the receiver answers from its record; A's mark-sent is fenced.
     enqueue(publisher, &url, "evt-2", r#"{"order":2}"#).await;
-    let stalled = Arc::new(
-        relay(publisher, SECRET).fault(Some(RelayFault::StallAfterPublish(Duration::from_millis(
-            2000,
-        )))),
-    );
+    let stalled = Arc::new(relay(publisher, SECRET).fault(Some(
+        FaultPoint::RelayStallAfterPublish(Duration::from_millis(2000)),
+    )));
     let a = tokio::spawn({
         let stalled = stalled.clone();
         async move { stalled.run_once().await.expect("relay A") }

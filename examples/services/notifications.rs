@@ -15,8 +15,9 @@ use axum::response::Response;
 use axum::routing::post;
 use axum::Router;
 use idem::inbox::webhook::WebhookReceiver;
-use idem::inbox::{Inbox, InboxBackend};
+use idem::inbox::Inbox;
 use idem::signature::SigningSecret;
+use idem::Backend;
 use idem::{Engine, Problem};
 use serde_json::json;
 use sqlx::{PgConnection, Pool, Postgres, Sqlite, SqliteConnection};
@@ -31,7 +32,7 @@ idem::steps! {
 pub const WEBHOOK_SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
 
 /// The `notifications` table, on either backend.
-pub trait NotificationLog: InboxBackend {
+pub trait NotificationLog: Backend {
     /// Creates the `notifications` table if missing.
     fn create_table(pool: &Pool<Self>) -> impl Future<Output = sqlx::Result<()>> + Send;
     /// Records a notification in the inbox claim's transaction.

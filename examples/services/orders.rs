@@ -15,7 +15,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::Router;
 use idem::http::{HeaderScope, Json, XTenantId};
-use idem::outbox::{self, Backoff, Message, OutboxStore, Relay, WebhookSink};
+use idem::outbox::{self, Backoff, Message, Relay, WebhookSink};
 use idem::signature::SigningSecret;
 use idem::{idempotent, Backend, Engine, Fingerprint, IdempotencyKey, Problem, Scope};
 use idem_client::reqwest_middleware::{self, ClientWithMiddleware};
@@ -87,7 +87,7 @@ impl<DB: Backend> FromRef<Orders<DB>> for Engine<DB> {
 }
 
 /// The `orders` table and the checkout route, on either backend.
-pub trait OrderBook: OutboxStore {
+pub trait OrderBook: Backend {
     /// Creates the `orders` table if missing.
     fn create_table(pool: &Pool<Self>) -> impl Future<Output = sqlx::Result<()>> + Send;
     /// Records `order` and enqueues `notification`, in the claim's transaction.
@@ -270,7 +270,7 @@ fn unavailable(why: &str) -> Response {
 /// A relay for the order service's outbox, delivering through the webhook
 /// sink signed with `secret`; `name` is its user agent. Retries of a failed
 /// delivery wait by `backoff`.
-pub fn relay<DB: OutboxStore>(
+pub fn relay<DB: Backend>(
     engine: &Engine<DB>,
     name: &str,
     secret: &str,

@@ -15,7 +15,8 @@ use std::time::{Duration, Instant};
 
 use async_nats::jetstream::{self, stream};
 use futures_util::StreamExt;
-use idem::outbox::{self, nats::NatsSink, Backoff, Message, OutboxConnection, OutboxStore, Relay};
+use idem::outbox::{self, nats::NatsSink, Backoff, Message, Relay};
+use idem::Backend;
 use idem::{steps, Engine, IdemError, IdempotencyKey, Operation, Problem, Scope, Via};
 use serde::Serialize;
 
@@ -99,8 +100,7 @@ async fn keyed_with_message<DB>(
     tenant: String,
 ) -> Result<Via, IdemError>
 where
-    DB: Business + OutboxStore,
-    DB::Connection: OutboxConnection,
+    DB: Business + Backend,
 {
     let key = IdempotencyKey::new(key).expect("valid key");
     let scope = Scope::tenant(&tenant);
@@ -177,8 +177,7 @@ pub async fn enqueue_cost<DB>(
     run_id: &str,
 ) -> Result<EnqueueCost, BenchError>
 where
-    DB: Business + OutboxStore,
-    DB::Connection: OutboxConnection,
+    DB: Business + Backend,
 {
     let (mut plain, mut with) = (Vec::new(), Vec::new());
     for round in 0..rounds {
@@ -278,7 +277,7 @@ impl Drop for NatsServer {
 
 /// A relay into `sink` with a retry horizon inside the stream's default
 /// two-minute duplicate window.
-fn relay<DB: OutboxStore>(engine: &Engine<DB>, sink: &NatsSink, owner: String) -> Relay<DB> {
+fn relay<DB: Backend>(engine: &Engine<DB>, sink: &NatsSink, owner: String) -> Relay<DB> {
     Relay::new(engine)
         .sink(sink.clone())
         .owner(owner)
@@ -303,8 +302,7 @@ pub async fn relay_throughput<DB>(
     run_id: &str,
 ) -> Result<RelayThroughput, BenchError>
 where
-    DB: OutboxStore,
-    DB::Connection: OutboxConnection,
+    DB: Backend,
 {
     let mut bench = js
         .get_or_create_stream(stream::Config {
@@ -367,7 +365,7 @@ where
                 tokio::time::sleep(Duration::from_millis(1)).await;
             }
             let elapsed = started.elapsed();
-            let left = outbox::backlog(engine).await?.pending;
+            let left = outbox::backlog(engine.pool()).await?.pending;
             if left > 0 {
                 return Err(format!("{relays} relays: {left} messages still pending").into());
             }
@@ -424,8 +422,7 @@ pub async fn latency<DB>(
     run_id: &str,
 ) -> Result<Latency, BenchError>
 where
-    DB: Business + OutboxStore,
-    DB::Connection: OutboxConnection,
+    DB: Business + Backend,
 {
     let sink = NatsSink::new(js.clone(), "BENCH");
     let relay = relay(engine, &sink, "bench-latency".to_owned())

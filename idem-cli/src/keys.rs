@@ -7,7 +7,7 @@ use serde_json::json;
 use crate::args::{ScopeArgs, StoreArg};
 use crate::exit::{Failure, FOUND, OK, USAGE};
 use crate::output::{self, instant, key_label, span, table};
-use crate::store::{self, Filter, OpenMode, Store};
+use crate::store::{self, KeyFilter, OpenMode, Store};
 
 #[derive(Debug, Subcommand)]
 pub(crate) enum KeysCommand {
@@ -122,7 +122,7 @@ fn record_json(record: &store::KeyRecord, show_keys: bool) -> serde_json::Value 
 async fn run_list(json_out: bool, show_keys: bool, args: &ListArgs) -> Result<u8, Failure> {
     let spec = &args.store.store;
     let store = Store::open(spec, OpenMode::Existing).await?;
-    let filter = Filter {
+    let filter = KeyFilter {
         scope: args.scope.stored(),
         step: args.step.clone(),
         status: args.status.clone(),

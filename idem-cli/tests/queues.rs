@@ -7,10 +7,9 @@
 
 use std::process::{Command, Output};
 
-use idem_runtime::inbox::{Inbox, InboxBackend, Message as Incoming, Verdict};
-use idem_runtime::outbox::{
-    self, Delivered, InProcessSink, Message, OutboxConnection, OutboxStore, Relay, SinkError,
-};
+use idem_runtime::inbox::{Inbox, Message as Incoming, Verdict};
+use idem_runtime::outbox::{self, Delivered, InProcessSink, Message, Relay, SinkError};
+use idem_runtime::Backend;
 use idem_runtime::{test_support, Engine, IdempotencyKey, Operation, Problem, Scope, Step};
 use serde_json::Value;
 use sqlx::{Postgres, Sqlite};
@@ -57,8 +56,7 @@ struct Ids {
 /// Places the order: one claim enqueues three messages.
 async fn place<DB>(engine: &Engine<DB>) -> Ids
 where
-    DB: OutboxStore,
-    DB::Connection: OutboxConnection,
+    DB: Backend,
 {
     let scope = Scope::tenant(TENANT);
     let parent = IdempotencyKey::new(ORDER_KEY).unwrap();
@@ -92,7 +90,7 @@ where
 }
 
 /// A relay whose sink refuses the notification for good and takes the rest.
-fn relay<DB: OutboxStore>(engine: &Engine<DB>) -> Relay<DB> {
+fn relay<DB: Backend>(engine: &Engine<DB>) -> Relay<DB> {
     Relay::new(engine).sink(InProcessSink::new("events", |message| async move {
         if message.step == NOTIFY.name() {
             Err(SinkError::Permanent {
@@ -106,13 +104,13 @@ fn relay<DB: OutboxStore>(engine: &Engine<DB>) -> Relay<DB> {
     }))
 }
 
-async fn deliver<DB: OutboxStore>(engine: &Engine<DB>) {
+async fn deliver<DB: Backend>(engine: &Engine<DB>) {
     let relay = relay(engine);
     while relay.run_once().await.unwrap() > 0 {}
 }
 
 /// The consumer downstream: processes the audit event, poisons a malformed one.
-async fn consume<DB: InboxBackend>(engine: &Engine<DB>, audit_id: &str) {
+async fn consume<DB: Backend>(engine: &Engine<DB>, audit_id: &str) {
     let inbox = Inbox::new(engine.clone(), "ledger", "record-audit.v1").unwrap();
     let ok = inbox
         .handle(

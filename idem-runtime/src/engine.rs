@@ -9,7 +9,7 @@ use sqlx::{Pool, Transaction};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::error::{whole_seconds, IdemError};
-use crate::metrics;
+use crate::metrics::{self, ClaimOutcome};
 use crate::operation::Operation;
 use crate::outcome::{Outcome, ReplayError, StoredResponse};
 use crate::policy::{ClaimMode, FailureMode, Policy};
@@ -44,6 +44,17 @@ impl Via {
             Via::TookOver => "took_over",
             Via::Replayed => "replayed",
             Via::FailedOpen => "failed_open",
+        }
+    }
+}
+
+impl From<Via> for ClaimOutcome {
+    fn from(via: Via) -> Self {
+        match via {
+            Via::Executed => ClaimOutcome::Executed,
+            Via::TookOver => ClaimOutcome::TookOver,
+            Via::Replayed => ClaimOutcome::Replayed,
+            Via::FailedOpen => ClaimOutcome::FailedOpen,
         }
     }
 }
@@ -398,7 +409,12 @@ impl<DB: Backend> Engine<DB> {
     pub async fn claim(&self, op: &Operation) -> Result<Claim<DB>, IdemError> {
         let asked = Instant::now();
         let answer = self.claim_unrecorded(op).await;
-        metrics::claim(op.step, &answer, asked.elapsed());
+        let outcome = match &answer {
+            Ok(Claim::Replay(_)) => ClaimOutcome::Replayed,
+            Ok(Claim::Execute(guard)) => guard.via.into(),
+            Err(error) => ClaimOutcome::of_error(error),
+        };
+        metrics::claim(op.step, outcome, asked.elapsed());
         answer
     }
 
@@ -550,7 +566,7 @@ impl<DB: Backend> Engine<DB> {
             // write lock while the work runs; a transactional one holds both.
             permit: if token.is_none() { permit } else { None },
             claimed_at: Instant::now(),
-            enqueues_seen: crate::outbox::enqueues_so_far(),
+            enqueues_seen: crate::outbox::wake::enqueues_so_far(),
             cache: self.replay_cache.clone().map(|cache| (cache, asked)),
         };
         Ok(Claim::Execute(guard))
@@ -585,7 +601,7 @@ impl<DB: Backend> Engine<DB> {
                 pool: self.pool.clone(),
                 permit: None,
                 claimed_at: Instant::now(),
-                enqueues_seen: crate::outbox::enqueues_so_far(),
+                enqueues_seen: crate::outbox::wake::enqueues_so_far(),
                 cache: None,
             })),
             Err(error) => Err(unavailable(policy, error)),
@@ -715,7 +731,7 @@ impl<DB: Backend> ClaimGuard<DB> {
         };
         match committed {
             Ok(true) => {
-                crate::outbox::wake_after_commit(enqueues_seen);
+                crate::outbox::wake::wake_after_commit(enqueues_seen);
                 if let Some((cache, asked)) = cache.filter(|_| via != Via::FailedOpen) {
                     if let Some(expires) = asked.checked_add(policy.retention) {
                         cache.put(&op, response, expires);

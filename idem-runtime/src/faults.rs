@@ -1,8 +1,11 @@
-//! Crash points for fault-injection tests.
+//! Crash points for fault-injection tests, for the claim's request path and
+//! the outbox relay alike.
 //!
 //! A test names a point; the service calls [`abort_at`] at each point of its
-//! request path, and the process dies there with [`std::process::abort`]: no
-//! unwinding, no destructors, no commit, exactly like a kill.
+//! request path (the relay at each of its own), and the process dies there
+//! with [`std::process::abort`]: no unwinding, no destructors, no commit,
+//! exactly like a kill. One point stalls instead of dying
+//! ([`FaultPoint::RelayStallAfterPublish`]).
 //!
 //! Only a build with the `faults` feature can abort ([`ENABLED`]); without it
 //! [`abort_at`] does nothing. Never enable the feature in a production build;
@@ -11,6 +14,7 @@
 
 use std::fmt;
 use std::str::FromStr;
+use std::time::Duration;
 
 /// Where in an idempotent request a test wants the process to die.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -21,28 +25,49 @@ pub enum FaultPoint {
     AfterBusinessWrite,
     /// The key record and the business write committed; the answer was not sent.
     AfterCommit,
+    /// A relay leased the message; the sink was not called.
+    RelayBeforePublish,
+    /// The sink acknowledged; the relay has not marked the row sent.
+    RelayAfterPublish,
+    /// After the sink acknowledged, the relay pauses this long before marking
+    /// the row sent, as a stalled process would (`relay-stall-after-publish:<ms>`).
+    RelayStallAfterPublish(Duration),
 }
 
 impl FaultPoint {
-    /// The point's name: `after-claim`, `after-business-write`, `after-commit`.
+    /// The point's name: `after-claim`, `after-business-write`,
+    /// `after-commit`, `relay-before-publish`, `relay-after-publish`,
+    /// `relay-stall-after-publish` (written with its pause,
+    /// `relay-stall-after-publish:<ms>`).
     pub fn name(self) -> &'static str {
         match self {
             FaultPoint::AfterClaim => "after-claim",
             FaultPoint::AfterBusinessWrite => "after-business-write",
             FaultPoint::AfterCommit => "after-commit",
+            FaultPoint::RelayBeforePublish => "relay-before-publish",
+            FaultPoint::RelayAfterPublish => "relay-after-publish",
+            FaultPoint::RelayStallAfterPublish(_) => "relay-stall-after-publish",
         }
     }
 }
 
 impl fmt::Display for FaultPoint {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
+        match self {
+            FaultPoint::RelayStallAfterPublish(pause) => {
+                write!(f, "{}:{}", self.name(), pause.as_millis())
+            }
+            point => f.write_str(point.name()),
+        }
     }
 }
 
-/// Not one of the three point names.
+/// Not one of the point names.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unknown fault point {0:?}; use after-claim, after-business-write or after-commit")]
+#[error(
+    "unknown fault point {0:?}; use after-claim, after-business-write, after-commit, \
+     relay-before-publish, relay-after-publish or relay-stall-after-publish:<ms>"
+)]
 pub struct UnknownFaultPoint(pub String);
 
 impl FromStr for FaultPoint {
@@ -51,6 +76,10 @@ impl FromStr for FaultPoint {
     /// ```
     /// use idem_runtime::faults::FaultPoint;
     /// assert_eq!("after-commit".parse(), Ok(FaultPoint::AfterCommit));
+    /// assert_eq!(
+    ///     "relay-stall-after-publish:250".parse(),
+    ///     Ok(FaultPoint::RelayStallAfterPublish(std::time::Duration::from_millis(250)))
+    /// );
     /// assert!("later".parse::<FaultPoint>().is_err());
     /// ```
     fn from_str(s: &str) -> Result<Self, Self::Err> {
@@ -58,7 +87,13 @@ impl FromStr for FaultPoint {
             "after-claim" => Ok(FaultPoint::AfterClaim),
             "after-business-write" => Ok(FaultPoint::AfterBusinessWrite),
             "after-commit" => Ok(FaultPoint::AfterCommit),
-            other => Err(UnknownFaultPoint(other.to_owned())),
+            "relay-before-publish" => Ok(FaultPoint::RelayBeforePublish),
+            "relay-after-publish" => Ok(FaultPoint::RelayAfterPublish),
+            other => other
+                .strip_prefix("relay-stall-after-publish:")
+                .and_then(|ms| ms.parse().ok())
+                .map(|ms| FaultPoint::RelayStallAfterPublish(Duration::from_millis(ms)))
+                .ok_or_else(|| UnknownFaultPoint(other.to_owned())),
         }
     }
 }

@@ -25,6 +25,7 @@
 
 #[doc(hidden)]
 pub mod __private;
+pub mod admin;
 pub mod engine;
 pub mod error;
 pub mod faults;

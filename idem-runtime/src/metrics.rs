@@ -43,9 +43,7 @@
 
 use std::time::Duration;
 
-use crate::engine::{Claim, Via};
 use crate::error::IdemError;
-use crate::store::Backend;
 
 /// Claims by step and outcome (counter; labels `step`, `outcome`).
 pub const CLAIMS: &str = "idem_claims_total";
@@ -126,15 +124,6 @@ impl ClaimOutcome {
             IdemError::TimedOut { .. } | IdemError::Replay(_) => ClaimOutcome::Error,
         }
     }
-
-    fn of_via(via: Via) -> Self {
-        match via {
-            Via::Executed => ClaimOutcome::Executed,
-            Via::TookOver => ClaimOutcome::TookOver,
-            Via::Replayed => ClaimOutcome::Replayed,
-            Via::FailedOpen => ClaimOutcome::FailedOpen,
-        }
-    }
 }
 
 /// Counts one claim outcome for `step`.
@@ -143,16 +132,7 @@ pub fn claim_outcome(step: &'static str, outcome: ClaimOutcome) {
 }
 
 /// Records a claim's answer and how long it took to get it.
-pub(crate) fn claim<DB: Backend>(
-    step: &'static str,
-    answer: &Result<Claim<DB>, IdemError>,
-    waited: Duration,
-) {
-    let outcome = match answer {
-        Ok(Claim::Replay(_)) => ClaimOutcome::Replayed,
-        Ok(Claim::Execute(guard)) => ClaimOutcome::of_via(guard.via()),
-        Err(error) => ClaimOutcome::of_error(error),
-    };
+pub(crate) fn claim(step: &'static str, outcome: ClaimOutcome, waited: Duration) {
     claim_outcome(step, outcome);
     metrics::histogram!(CLAIM_WAIT, "step" => step).record(waited.as_secs_f64());
 }

@@ -51,6 +51,7 @@ use std::time::Duration;
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;
+use sqlx::Pool;
 use tracing::Instrument;
 
 use crate::engine::{Answer, Engine, Via};
@@ -66,13 +67,13 @@ use crate::step::check_step_name;
 
 #[cfg(feature = "nats")]
 pub mod nats;
-mod store;
 #[cfg(feature = "axum")]
 pub mod webhook;
 
-pub use store::{InboxBackend, PoisonMessage};
+pub use crate::store::inbox::PoisonMessage;
 
-use store::{NewPoison, REJECTED_STATUS};
+use crate::store::inbox::{NewPoison, REJECTED_STATUS};
+use crate::store::Backend;
 
 /// A consumer's name, which scopes its claims: `inbox/<name>`.
 ///
@@ -260,7 +261,7 @@ pub enum InboxError {
 ///
 /// Cheap to clone; each clone shares the engine's pool.
 #[derive(Debug)]
-pub struct Inbox<DB: InboxBackend> {
+pub struct Inbox<DB: Backend> {
     engine: Engine<DB>,
     consumer: Consumer,
     step: &'static str,
@@ -270,7 +271,7 @@ pub struct Inbox<DB: InboxBackend> {
     backoff_cap: Duration,
 }
 
-impl<DB: InboxBackend> Clone for Inbox<DB> {
+impl<DB: Backend> Clone for Inbox<DB> {
     fn clone(&self) -> Self {
         Self {
             engine: self.engine.clone(),
@@ -287,7 +288,7 @@ impl<DB: InboxBackend> Clone for Inbox<DB> {
 /// Deliveries before a message that keeps failing transiently is poisoned.
 pub const DEFAULT_MAX_DELIVERIES: u32 = 5;
 
-impl<DB: InboxBackend> Inbox<DB> {
+impl<DB: Backend> Inbox<DB> {
     /// An inbox for `consumer`, whose claims are recorded under `step`.
     ///
     /// The claims use the engine's policy, except that a delivery waits at
@@ -320,7 +321,7 @@ impl<DB: InboxBackend> Inbox<DB> {
     }
 
     /// Replaces the claims' policy.
-    pub fn policy(mut self, policy: Policy) -> Self {
+    pub fn with_policy(mut self, policy: Policy) -> Self {
         self.policy = policy;
         self
     }
@@ -413,7 +414,7 @@ impl<DB: InboxBackend> Inbox<DB> {
     /// engine, the [`Consumer`] (the function's `scope`), the message id as
     /// key and the message (its `#[fingerprint]` parameter). The function's
     /// `step` must be this inbox's step. The function's claim follows its
-    /// own attributes, not [`Inbox::policy`]: give it `wait = "1s"` so an
+    /// own attributes, not [`Inbox::with_policy`]: give it `wait = "1s"` so an
     /// overlapping delivery is turned away quickly as [`Verdict::Busy`].
     ///
     /// ```no_run
@@ -623,7 +624,7 @@ impl<DB: InboxBackend> Inbox<DB> {
     /// transaction, and returns the row, whose payload the transport then
     /// delivers again (see `inbox::nats::NatsInbox::requeue`).
     pub async fn requeue(&self, message_id: &str) -> Result<PoisonMessage, InboxError> {
-        requeue(&self.engine, self.consumer.name(), message_id).await
+        requeue(self.engine.pool(), self.consumer.name(), message_id).await
     }
 
     /// The stored rejection status a poisoned message's record carries.
@@ -633,33 +634,33 @@ impl<DB: InboxBackend> Inbox<DB> {
 /// Up to `limit` messages given up on and not requeued, of `consumer` or of
 /// every consumer, oldest first: what an operator reads without building an
 /// [`Inbox`].
-pub async fn poisoned<DB: InboxBackend>(
-    engine: &Engine<DB>,
+pub async fn poisoned<DB: Backend>(
+    pool: &Pool<DB>,
     consumer: Option<&str>,
     limit: u32,
 ) -> Result<Vec<PoisonMessage>, InboxError> {
-    Ok(DB::poisoned_any(engine.pool(), consumer, limit).await?)
+    Ok(DB::poisoned_any(pool, consumer, limit).await?)
 }
 
 /// Every consumer's poison row for `message_id`, requeued or not.
-pub async fn poison_for_message<DB: InboxBackend>(
-    engine: &Engine<DB>,
+pub async fn poison_for_message<DB: Backend>(
+    pool: &Pool<DB>,
     message_id: &str,
 ) -> Result<Vec<PoisonMessage>, InboxError> {
-    Ok(DB::poison_for_message(engine.pool(), message_id).await?)
+    Ok(DB::poison_for_message(pool, message_id).await?)
 }
 
 /// [`Inbox::requeue`] for `consumer` without building an [`Inbox`]: deletes
 /// the stored rejection and marks the row `requeued`. The message runs on its
 /// next delivery; a transport that terminated it (JetStream) has to be handed
 /// the returned payload again.
-pub async fn requeue<DB: InboxBackend>(
-    engine: &Engine<DB>,
+pub async fn requeue<DB: Backend>(
+    pool: &Pool<DB>,
     consumer: &str,
     message_id: &str,
 ) -> Result<PoisonMessage, InboxError> {
     let scope = Consumer::new(consumer).scope();
-    DB::requeue(engine.pool(), scope.as_stored(), consumer, message_id)
+    DB::requeue_poison(pool, scope.as_stored(), consumer, message_id)
         .await?
         .ok_or_else(|| InboxError::NotPoisoned {
             consumer: consumer.to_owned(),

@@ -29,8 +29,9 @@ use async_nats::jetstream::AckKind;
 use bytes::Bytes;
 use futures_util::StreamExt;
 
-use super::{Inbox, InboxBackend, InboxError, Message, PoisonMessage, Verdict};
+use super::{Inbox, InboxError, Message, PoisonMessage, Verdict};
 use crate::faults::{abort_at, FaultPoint};
+use crate::store::Backend;
 
 /// The header a requeued message carries its original id in (its
 /// `Nats-Msg-Id` must differ, or the stream would drop it as a duplicate).
@@ -131,7 +132,7 @@ impl BatchReport {
 /// # Ok(()) }
 /// ```
 #[derive(Debug)]
-pub struct NatsInbox<DB: InboxBackend> {
+pub struct NatsInbox<DB: Backend> {
     inbox: Inbox<DB>,
     jetstream: Context,
     consumer: PullConsumer,
@@ -140,7 +141,7 @@ pub struct NatsInbox<DB: InboxBackend> {
     crash_at: Option<FaultPoint>,
 }
 
-impl<DB: InboxBackend> NatsInbox<DB> {
+impl<DB: Backend> NatsInbox<DB> {
     /// A runner feeding `consumer`'s messages to `inbox`; `jetstream` is used
     /// to send requeued messages back.
     pub fn new(inbox: Inbox<DB>, jetstream: Context, consumer: PullConsumer) -> Self {

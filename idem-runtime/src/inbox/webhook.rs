@@ -24,7 +24,7 @@ use axum::response::{IntoResponse, Response};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use super::{Consumer, Inbox, InboxBackend, Message, Verdict};
+use super::{Consumer, Inbox, Message, Verdict};
 use crate::engine::{Answer, Engine};
 use crate::error::IdemError;
 use crate::http::problem::{sentence, types, with_retry_after};
@@ -35,6 +35,7 @@ use crate::problem::Problem;
 use crate::signature::{
     unix_now, SignatureError, SigningSecret, ID_HEADER, SIGNATURE_HEADER, TIMESTAMP_HEADER,
 };
+use crate::store::Backend;
 
 /// The problem type of a refused signature.
 pub const BAD_SIGNATURE: &str = crate::http::problem::problem_type!("webhook-signature");
@@ -74,12 +75,12 @@ pub const POISONED: &str = crate::http::problem::problem_type!("webhook-poisoned
 /// # Ok(()) }
 /// ```
 #[derive(Debug)]
-pub struct WebhookReceiver<DB: InboxBackend> {
+pub struct WebhookReceiver<DB: Backend> {
     inbox: Inbox<DB>,
     secrets: Vec<SigningSecret>,
 }
 
-impl<DB: InboxBackend> Clone for WebhookReceiver<DB> {
+impl<DB: Backend> Clone for WebhookReceiver<DB> {
     fn clone(&self) -> Self {
         Self {
             inbox: self.inbox.clone(),
@@ -88,7 +89,7 @@ impl<DB: InboxBackend> Clone for WebhookReceiver<DB> {
     }
 }
 
-impl<DB: InboxBackend> WebhookReceiver<DB> {
+impl<DB: Backend> WebhookReceiver<DB> {
     /// A receiver verifying against `secret`.
     pub fn new(inbox: Inbox<DB>, secret: SigningSecret) -> Self {
         Self {

@@ -27,7 +27,6 @@
 
 use std::collections::{HashMap, HashSet};
 use std::fmt;
-use std::str::FromStr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -38,11 +37,14 @@ use tokio::task::{JoinHandle, JoinSet};
 use tracing::Instrument;
 
 use super::sink::{Delivered, Sink, SinkError};
-use super::store::{Claimed, OutboxStore, Settlement};
-use super::{DEFAULT_MAX_ATTEMPTS, ENQUEUES, WAKE};
+use super::wake::{wake_relays, ENQUEUES, WAKE};
+use super::DEFAULT_MAX_ATTEMPTS;
 use crate::engine::Engine;
+use crate::faults::{abort_at, FaultPoint, ENABLED};
 use crate::key::IdempotencyKey;
 use crate::metrics::{self, Delivery};
+use crate::store::outbox::{Claimed, Settlement};
+use crate::store::Backend;
 
 /// How long a relay waits before retrying a transient failure: attempt `n`
 /// (from 1) waits a uniformly random time in `0..=min(cap, base · 2^(n-1))`
@@ -101,62 +103,6 @@ impl Backoff {
                 lease.saturating_mul(max_attempts.max(1)),
                 Duration::saturating_add,
             )
-    }
-}
-
-/// A point where a relay built with idem's `faults` feature dies (or stalls)
-/// on purpose, for crash tests. Without the feature nothing happens.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RelayFault {
-    /// The message is leased; the sink was not called (`relay-before-publish`).
-    BeforePublish,
-    /// The sink acknowledged; the row is not marked sent (`relay-after-publish`).
-    AfterPublish,
-    /// After the sink acknowledged, the relay pauses this long before marking
-    /// sent, as a stalled process would (`relay-stall-after-publish`).
-    StallAfterPublish(Duration),
-}
-
-impl fmt::Display for RelayFault {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            RelayFault::BeforePublish => f.write_str("relay-before-publish"),
-            RelayFault::AfterPublish => f.write_str("relay-after-publish"),
-            RelayFault::StallAfterPublish(pause) => {
-                write!(f, "relay-stall-after-publish:{}", pause.as_millis())
-            }
-        }
-    }
-}
-
-impl FromStr for RelayFault {
-    type Err = String;
-
-    /// ```
-    /// use idem_runtime::outbox::RelayFault;
-    /// use std::time::Duration;
-    /// assert_eq!("relay-after-publish".parse(), Ok(RelayFault::AfterPublish));
-    /// assert_eq!(
-    ///     "relay-stall-after-publish:250".parse(),
-    ///     Ok(RelayFault::StallAfterPublish(Duration::from_millis(250)))
-    /// );
-    /// assert!("later".parse::<RelayFault>().is_err());
-    /// ```
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s.trim() {
-            "relay-before-publish" => Ok(RelayFault::BeforePublish),
-            "relay-after-publish" => Ok(RelayFault::AfterPublish),
-            other => other
-                .strip_prefix("relay-stall-after-publish:")
-                .and_then(|ms| ms.parse().ok())
-                .map(|ms| RelayFault::StallAfterPublish(Duration::from_millis(ms)))
-                .ok_or_else(|| {
-                    format!(
-                        "unknown relay fault point {other:?}; use relay-before-publish, \
-                         relay-after-publish or relay-stall-after-publish:<ms>"
-                    )
-                }),
-        }
     }
 }
 
@@ -245,7 +191,7 @@ pub struct RelayStats {
 /// println!("published {} in all", last.published);
 /// # Ok(()) }
 /// ```
-pub struct Relay<DB: OutboxStore> {
+pub struct Relay<DB: Backend> {
     pool: Pool<DB>,
     sinks: HashMap<String, Arc<dyn Sink>>,
     lease: Duration,
@@ -258,12 +204,12 @@ pub struct Relay<DB: OutboxStore> {
     purge_every: Duration,
     purge_batch: u32,
     owner: String,
-    fault: Option<RelayFault>,
+    fault: Option<FaultPoint>,
     listen: bool,
     counters: Arc<Counters>,
 }
 
-impl<DB: OutboxStore> fmt::Debug for Relay<DB> {
+impl<DB: Backend> fmt::Debug for Relay<DB> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let mut sinks: Vec<&String> = self.sinks.keys().collect();
         sinks.sort();
@@ -280,7 +226,7 @@ impl<DB: OutboxStore> fmt::Debug for Relay<DB> {
     }
 }
 
-impl<DB: OutboxStore> Relay<DB> {
+impl<DB: Backend> Relay<DB> {
     /// A relay over `engine`'s pool with no sinks yet; defaults: a 30 s
     /// lease, publishes bounded at two thirds of it, batches of 32, polling
     /// every second, [`Backoff::default`], sent rows kept 24 h.
@@ -387,8 +333,9 @@ impl<DB: OutboxStore> Relay<DB> {
         self
     }
 
-    /// Arms a fault point (only in a build with the `faults` feature).
-    pub fn fault(mut self, fault: Option<RelayFault>) -> Self {
+    /// Arms one of the relay's fault points (`relay-…`; only in a build
+    /// with the `faults` feature).
+    pub fn fault(mut self, fault: Option<FaultPoint>) -> Self {
         self.fault = fault;
         self
     }
@@ -445,7 +392,7 @@ impl<DB: OutboxStore> Relay<DB> {
             let retry = worker.relay.poll_interval;
             tokio::spawn(async move {
                 loop {
-                    match DB::listen(&pool).await {
+                    match DB::listen_for_enqueues(&pool, wake_relays).await {
                         Ok(()) => return,
                         Err(error) => {
                             tracing::warn!(%error, "the outbox relay's listener failed; listening again");
@@ -506,7 +453,7 @@ impl RelayHandle {
     /// Makes every relay in this process look for messages now (after a
     /// commit made on a connection `enqueue` did not see, say).
     pub fn wake(&self) {
-        super::wake_relays();
+        wake_relays();
     }
 
     /// Stops the relay: the round in flight finishes (its publishes are
@@ -524,7 +471,7 @@ impl RelayHandle {
     }
 }
 
-struct Worker<DB: OutboxStore> {
+struct Worker<DB: Backend> {
     relay: Arc<Relay<DB>>,
     names: Vec<String>,
 }
@@ -539,7 +486,7 @@ const CHASE: [Duration; 5] = [
     Duration::from_millis(400),
 ];
 
-impl<DB: OutboxStore> Worker<DB> {
+impl<DB: Backend> Worker<DB> {
     async fn run(self, mut stopped: watch::Receiver<bool>) {
         let relay = &*self.relay;
         let mut next_purge = Instant::now();
@@ -591,7 +538,7 @@ impl<DB: OutboxStore> Worker<DB> {
                 _ = stopped.changed() => {}
             }
         }
-        match DB::release(&relay.pool, &relay.owner).await {
+        match DB::release_leases(&relay.pool, &relay.owner).await {
             Ok(0) => {}
             Ok(released) => tracing::info!(released, "outbox relay released its leases"),
             Err(error) => {
@@ -603,7 +550,7 @@ impl<DB: OutboxStore> Worker<DB> {
     async fn purge(&self) {
         let relay = &*self.relay;
         loop {
-            match DB::purge_sent(&relay.pool, relay.retention, relay.purge_batch).await {
+            match DB::purge_sent_messages(&relay.pool, relay.retention, relay.purge_batch).await {
                 Ok(purged) => {
                     relay.counters.purged.fetch_add(purged, Ordering::Relaxed);
                     if purged < u64::from(relay.purge_batch) {
@@ -620,8 +567,8 @@ impl<DB: OutboxStore> Worker<DB> {
 }
 
 /// Sets the backlog gauges (`idem_outbox_pending`, `idem_outbox_oldest_pending_seconds`).
-async fn report_backlog<DB: OutboxStore>(relay: &Relay<DB>) {
-    match DB::backlog(&relay.pool).await {
+async fn report_backlog<DB: Backend>(relay: &Relay<DB>) {
+    match DB::outbox_backlog(&relay.pool).await {
         Ok(backlog) => {
             metrics::outbox_pending(backlog.pending, backlog.oldest_pending.unwrap_or_default())
         }
@@ -639,8 +586,9 @@ fn message_tag(id: &str) -> String {
 }
 
 /// One claim, its publishes and their settles. Returns how many it claimed.
-async fn round<DB: OutboxStore>(relay: &Relay<DB>, names: &[String]) -> Result<usize, sqlx::Error> {
-    let claimed = DB::claim(&relay.pool, names, &relay.owner, relay.lease, relay.batch).await?;
+async fn round<DB: Backend>(relay: &Relay<DB>, names: &[String]) -> Result<usize, sqlx::Error> {
+    let claimed =
+        DB::lease_messages(&relay.pool, names, &relay.owner, relay.lease, relay.batch).await?;
     if claimed.is_empty() {
         return Ok(0);
     }
@@ -649,7 +597,7 @@ async fn round<DB: OutboxStore>(relay: &Relay<DB>, names: &[String]) -> Result<u
     publish_batch(relay, claimed).instrument(span).await
 }
 
-async fn publish_batch<DB: OutboxStore>(
+async fn publish_batch<DB: Backend>(
     relay: &Relay<DB>,
     claimed: Vec<Claimed>,
 ) -> Result<usize, sqlx::Error> {
@@ -723,15 +671,9 @@ async fn publish(
     sink: &dyn Sink,
     message: &Claimed,
     timeout: Duration,
-    fault: Option<RelayFault>,
+    fault: Option<FaultPoint>,
 ) -> Result<Delivered, SinkError> {
-    if crate::faults::ENABLED && fault == Some(RelayFault::BeforePublish) {
-        eprintln!(
-            "idem fault injection: aborting {}",
-            RelayFault::BeforePublish
-        );
-        std::process::abort();
-    }
+    abort_at(fault, FaultPoint::RelayBeforePublish);
     let outcome = match tokio::time::timeout(timeout, sink.publish(&message.message)).await {
         Ok(outcome) => outcome,
         Err(_) => Err(SinkError::Transient {
@@ -739,23 +681,16 @@ async fn publish(
             retry_after: None,
         }),
     };
-    if crate::faults::ENABLED && outcome.is_ok() {
-        match fault {
-            Some(RelayFault::AfterPublish) => {
-                eprintln!(
-                    "idem fault injection: aborting {}",
-                    RelayFault::AfterPublish
-                );
-                std::process::abort();
-            }
-            Some(RelayFault::StallAfterPublish(pause)) => tokio::time::sleep(pause).await,
-            _ => {}
+    if outcome.is_ok() {
+        abort_at(fault, FaultPoint::RelayAfterPublish);
+        if let (true, Some(FaultPoint::RelayStallAfterPublish(pause))) = (ENABLED, fault) {
+            tokio::time::sleep(pause).await;
         }
     }
     outcome
 }
 
-async fn settle<DB: OutboxStore>(
+async fn settle<DB: Backend>(
     relay: &Relay<DB>,
     claimed: &Claimed,
     outcome: Result<Delivered, SinkError>,
@@ -811,13 +746,13 @@ async fn settle<DB: OutboxStore>(
             )
         }
     };
-    let settled = DB::settle(&relay.pool, claimed.row, claimed.token, &settlement).await?;
+    let settled = DB::settle_message(&relay.pool, claimed.row, claimed.token, &settlement).await?;
     record(relay, claimed, counter, delivery, settled);
     Ok(())
 }
 
 /// Counts one settle: its outcome and metrics if it took, fenced if not.
-fn record<DB: OutboxStore>(
+fn record<DB: Backend>(
     relay: &Relay<DB>,
     claimed: &Claimed,
     counter: &AtomicU64,

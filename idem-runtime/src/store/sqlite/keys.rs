@@ -1,94 +1,21 @@
-//! SQLite: the embedded default.
-//!
-//! Claims take the database's write lock up front (`BEGIN IMMEDIATE`) instead
-//! of upgrading a deferred transaction, and wait for it at most the claim's
-//! `wait_timeout` (its `busy_timeout`). Claims from one engine (and its
-//! clones) queue in process, first come first served, before asking for the
-//! lock, so they are not left
-//! to the busy handler's sleeps (1, 2, 5 ... 100 ms): under 64 concurrent
-//! duplicates of one key that took 0.4-1.8 s per key; queued, it takes tens of
-//! milliseconds. Other processes still meet at `busy_timeout`. Replays and
-//! conflicts are answered by a read in WAL mode, which never waits for the
-//! write lock.
+//! SQLite's claim statements: the write lock up front, the record read
+//! under it, the completed record written in the claim's transaction.
 
-use std::path::Path;
-use std::str::FromStr;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use sqlx::pool::PoolConnection;
-use sqlx::sqlite::{
-    SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteRow, SqliteSynchronous,
-};
-use sqlx::{Pool, Row, Sqlite, SqliteConnection, SqlitePool, Transaction};
+use sqlx::query::Query;
+use sqlx::sqlite::{SqliteArguments, SqliteRow};
+use sqlx::{Pool, Row, Sqlite, SqliteConnection, Transaction};
 
-use super::{
-    encode_headers, keyed, millis, response_from_columns, Locked, Record, RecordStatus, Store,
-};
+use super::now_ms;
 use crate::operation::Operation;
 use crate::outcome::StoredResponse;
 use crate::policy::Policy;
-
-/// idem's migrations, applied by [`crate::migrations`] with their own
-/// bookkeeping table.
-static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate::Migrator {
-    ignore_missing: true,
-    ..sqlx::migrate!("../migrations/sqlite")
+use crate::store::keys::{
+    encode_headers, key_administration, keyed, millis, response_from_columns, KeyFilter, KeyRecord,
+    Keys, Locked, Record, RecordStatus, StepCount, BODY_EXCERPT,
 };
-
-/// Opens (creating if missing) a SQLite database file configured for idem:
-/// WAL journal, `synchronous = FULL`, a `busy_timeout` of `policy.wait_timeout`,
-/// and a pool of `max_connections`.
-///
-/// ```no_run
-/// # async fn demo() -> Result<(), sqlx::Error> {
-/// use idem_runtime::{store::sqlite, Policy};
-/// let pool = sqlite::open("idem.db", &Policy::default(), 8).await?;
-/// # Ok(()) }
-/// ```
-pub async fn open(
-    path: impl AsRef<Path>,
-    policy: &Policy,
-    max_connections: u32,
-) -> Result<SqlitePool, sqlx::Error> {
-    let options = SqliteConnectOptions::new()
-        .filename(path)
-        .create_if_missing(true);
-    pool(options, policy, max_connections).await
-}
-
-/// Like [`open`], from a `sqlite:` URL (`sqlite::memory:` included).
-pub async fn connect(
-    url: &str,
-    policy: &Policy,
-    max_connections: u32,
-) -> Result<SqlitePool, sqlx::Error> {
-    let options = SqliteConnectOptions::from_str(url)?.create_if_missing(true);
-    pool(options, policy, max_connections).await
-}
-
-async fn pool(
-    options: SqliteConnectOptions,
-    policy: &Policy,
-    max_connections: u32,
-) -> Result<SqlitePool, sqlx::Error> {
-    let options = options
-        .journal_mode(SqliteJournalMode::Wal)
-        .synchronous(SqliteSynchronous::Full)
-        .busy_timeout(policy.wait_timeout);
-    SqlitePoolOptions::new()
-        .max_connections(max_connections)
-        .test_before_acquire(false)
-        .acquire_timeout(policy.wait_timeout.max(Duration::from_secs(5)))
-        .connect_with(options)
-        .await
-}
-
-fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(millis)
-        .unwrap_or(0)
-}
 
 const SELECT_RECORD: &str =
     "SELECT status, fingerprint, response_status, response_content_type, response_body, \
@@ -126,6 +53,10 @@ macro_rules! insert_completed {
 /// The completed record, for a claim that found none.
 const INSERT_COMPLETED: &str = insert_completed!();
 
+/// The completed record unless the key has one.
+const INSERT_COMPLETED_IF_ABSENT: &str =
+    concat!(insert_completed!(), " ON CONFLICT (scope, key) DO NOTHING");
+
 /// The completed record, replacing an expired or taken-over one.
 const UPSERT_COMPLETED: &str = concat!(
     insert_completed!(),
@@ -151,42 +82,14 @@ const COMPLETE_CLAIM: &str = "UPDATE idempotency_keys SET status = 'completed', 
        expires_at = ?8 \
      WHERE scope = ?1 AND key = ?2 AND claim_token = ?3 AND status = 'in_progress'";
 
-impl Store for Sqlite {
+impl Keys for Sqlite {
     const SERIALIZE_WRITERS: bool = true;
 
     type Settings = ();
     const SELECT_RECORD: &'static str = SELECT_RECORD;
 
-    fn record(row: &<Self as sqlx::Database>::Row) -> Result<Record, sqlx::Error> {
+    fn decode_record(row: &<Self as sqlx::Database>::Row) -> Result<Record, sqlx::Error> {
         record(row)
-    }
-
-    fn migrator() -> &'static sqlx::migrate::Migrator {
-        &MIGRATOR
-    }
-
-    const MIGRATION_DIALECT: crate::migrations::Dialect = crate::migrations::Dialect {
-        create_table: "CREATE TABLE IF NOT EXISTS _idem_migrations (
-            version BIGINT PRIMARY KEY,
-            description TEXT NOT NULL,
-            installed_on TIMESTAMP NOT NULL DEFAULT CURRENT_TIMESTAMP,
-            success BOOLEAN NOT NULL,
-            checksum BLOB NOT NULL,
-            execution_time BIGINT NOT NULL
-        )",
-        count_tables: "SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = $1",
-        lock: None,
-        after: None,
-    };
-
-    async fn run_migrations(pool: &Pool<Self>) -> Result<(), sqlx::migrate::MigrateError> {
-        crate::migrations::run_on(pool).await
-    }
-
-    async fn pending_migrations(
-        pool: &Pool<Self>,
-    ) -> Result<Vec<crate::migrations::PendingMigration>, sqlx::migrate::MigrateError> {
-        crate::migrations::pending_on(pool).await
     }
 
     async fn lock_and_read<'a>(
@@ -220,7 +123,7 @@ impl Store for Sqlite {
         conn: &'a mut SqliteConnection,
         op: &'a Operation,
     ) -> Result<Option<Record>, sqlx::Error> {
-        super::lookup_unlocked::<Self>(conn, op).await
+        crate::store::keys::lookup_unlocked::<Self>(conn, op).await
     }
 
     async fn write_completed<'a>(
@@ -230,26 +133,28 @@ impl Store for Sqlite {
         policy: &'a Policy,
         replace: bool,
     ) -> Result<(), sqlx::Error> {
-        let now = now_ms();
-        keyed(
-            if replace {
-                UPSERT_COMPLETED
-            } else {
-                INSERT_COMPLETED
-            },
-            op,
-        )
-        .bind(op.step)
-        .bind(&op.fingerprint.0[..])
-        .bind(i64::from(response.status))
-        .bind(&response.content_type)
-        .bind(&response.body)
-        .bind(now)
-        .bind(now.saturating_add(millis(policy.retention)))
-        .bind(encode_headers(&response.headers))
-        .execute(conn)
-        .await?;
-        Ok(())
+        let sql = if replace {
+            UPSERT_COMPLETED
+        } else {
+            INSERT_COMPLETED
+        };
+        bind_completed(sql, op, response, policy)
+            .execute(conn)
+            .await
+            .map(drop)
+    }
+
+    async fn write_completed_if_absent<'a>(
+        conn: &'a mut SqliteConnection,
+        op: &'a Operation,
+        response: &'a StoredResponse,
+        retention: Duration,
+    ) -> Result<(), sqlx::Error> {
+        let policy = Policy::default().with_retention(retention);
+        bind_completed(INSERT_COMPLETED_IF_ABSENT, op, response, &policy)
+            .execute(conn)
+            .await
+            .map(drop)
     }
 
     async fn write_in_progress<'a>(
@@ -339,71 +244,37 @@ impl Store for Sqlite {
         };
         matches!(code.map(|c| c & 0xff), Some(5 | 6))
     }
+
+    key_administration!(columns: admin_columns(), now: now_ms());
 }
 
-impl crate::Engine<Sqlite> {
-    /// An engine on a SQLite file (created if missing) with the default policy
-    /// and a pool of 8 connections.
-    ///
-    /// ```no_run
-    /// # async fn demo() -> Result<(), sqlx::Error> {
-    /// let engine = idem_runtime::Engine::<sqlx::Sqlite>::open_sqlite("idem.db").await?;
-    /// # Ok(()) }
-    /// ```
-    pub async fn open_sqlite(path: impl AsRef<Path>) -> Result<Self, sqlx::Error> {
-        Ok(Self::new(open(path, &Policy::default(), 8).await?))
-    }
+/// A completed-record statement of this file with its values bound.
+fn bind_completed<'q>(
+    sql: &'q str,
+    op: &'q Operation,
+    response: &'q StoredResponse,
+    policy: &Policy,
+) -> Query<'q, Sqlite, SqliteArguments<'q>> {
+    let now = now_ms();
+    keyed(sql, op)
+        .bind(op.step)
+        .bind(&op.fingerprint.0[..])
+        .bind(i64::from(response.status))
+        .bind(&response.content_type)
+        .bind(&response.body)
+        .bind(now)
+        .bind(now.saturating_add(millis(policy.retention)))
+        .bind(encode_headers(&response.headers))
 }
 
-#[cfg(test)]
-mod tests {
-    use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
-
-    use crate::{Claim, Engine, IdemError, IdempotencyKey, Operation, Policy, Scope};
-
-    /// An engine opened with the default policy, then given a shorter
-    /// `wait_timeout`, waits that long for another writer's lock, not the
-    /// default's 5 s.
-    #[tokio::test]
-    async fn a_later_policy_bounds_the_wait_for_the_write_lock() {
-        let nanos = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap()
-            .as_nanos();
-        let dir = std::env::temp_dir().join(format!("idem-busy-{}-{nanos}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("idem.db");
-        let engine = Engine::<sqlx::Sqlite>::open_sqlite(&path)
-            .await
-            .unwrap()
-            .with_policy(Policy::default().with_wait_timeout(Duration::from_millis(200)));
-        engine.migrate().await.unwrap();
-        // Another process's writer: its own pool, holding the write lock.
-        let other = super::open(&path, &Policy::default(), 1).await.unwrap();
-        let mut holder = other.acquire().await.unwrap();
-        sqlx::query("BEGIN IMMEDIATE")
-            .execute(&mut *holder)
-            .await
-            .unwrap();
-        let op = Operation::new(
-            Scope::tenant("acme"),
-            IdempotencyKey::new("k-busy").unwrap(),
-            "charge.v1",
-            &1i64,
-        );
-        let started = Instant::now();
-        match engine.claim(&op).await {
-            Err(IdemError::StoreBusy { .. }) => {}
-            Err(other) => panic!("expected store busy, got {other:?}"),
-            Ok(Claim::Execute(_)) => panic!("claimed while another writer holds the lock"),
-            Ok(Claim::Replay(_)) => panic!("replayed a key never stored"),
-        }
-        let waited = started.elapsed();
-        assert!(waited < Duration::from_secs(2), "waited {waited:?}");
-        sqlx::query("ROLLBACK").execute(&mut *holder).await.unwrap();
-        drop(holder);
-        other.close().await;
-        engine.pool().close().await;
-        std::fs::remove_dir_all(&dir).unwrap();
-    }
+/// The key record's columns as operators see them, read at `now`.
+fn admin_columns() -> String {
+    format!(
+        "scope, key, step, status, fingerprint, response_status, response_content_type, \
+         substr(response_body, 1, {BODY_EXCERPT}) AS body_excerpt, \
+         length(response_body) AS body_bytes, created_at AS created_at_ms, \
+         locked_until AS locked_until_ms, expires_at AS expires_at_ms, \
+         CAST({} AS BIGINT) AS read_at_ms",
+        now_ms()
+    )
 }

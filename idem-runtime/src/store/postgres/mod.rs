@@ -1,0 +1,217 @@
+//! Postgres: production.
+//!
+//! A claim opens its transaction, then takes a transaction-scoped advisory lock
+//! on a hash of `(scope, key)` and reads the record in one statement (the
+//! migration's `idem_lock_and_read` function), waiting at most the policy's
+//! `wait_timeout`. A duplicate waits on that lock, not on a row, and reads the
+//! winner's committed record once it is released. The completed
+//! record is written once, just before the commit that carries the business
+//! writes: one tuple per operation, never an insert followed by an update.
+//!
+//! A claim starts fresh-first: the engine sends `EXECUTE idem_v1_lock(…);
+//! EXECUTE idem_v1_check(…); BEGIN` as one simple-protocol message (the lock
+//! id, the wait and the key as literals; the statements prepared in the
+//! session, so planned once per connection). The lock and the check run in
+//! the message's implicit transaction, which the trailing `BEGIN` turns into
+//! the claim's transaction: a fresh key is locked and its transaction open
+//! after one round trip, and the work's statements follow. The check is its
+//! own statement, so it reads with a snapshot taken after the lock. A key
+//! with any record is refused with SQLSTATE `IDEMK`, which rolls the whole
+//! message back (lock included) and leaves the connection idle; the error's
+//! `DETAIL` carries the record read under the lock, so a replay, a mismatch or
+//! a live in-progress claim is answered from it, also in one round trip. Only
+//! an expired record, a crashed durable claim or a connection without the
+//! prepared statements goes on to the full claim below (`BEGIN`, then the lock
+//! and the read in one statement). A free key's lock is taken with
+//! `pg_try_advisory_xact_lock`; only a busy one sets `lock_timeout` and waits.
+//! A key with no record gets a plain `INSERT` of its completed record; an
+//! expired or taken-over one, an upsert. The record and the `COMMIT` travel as
+//! one message (`EXECUTE idem_v1_insert_completed(…); COMMIT; BEGIN`, values
+//! as literals; bodies over 64 KiB are bound to an insert instead), so a
+//! fresh key costs 3 round trips: the lock-and-check message, the work's
+//! statement, the commit message. Connections prepare the statements when
+//! they open ([`prepare_claims`], in the pool options of [`connect`] and
+//! [`pool_options`]); a full claim's transaction prepares those missing, for
+//! the connection's next claims, and writes its own record with the
+//! statement itself (only a claim whose fresh message ran is sure its
+//! connection has them). The pool skips sqlx's ping before each acquire;
+//! sqlx still checks each connection it gets back with one exchange, off the
+//! request's path.
+//!
+//! With [`KeyLock::Row`], for Postgres-compatible engines without advisory
+//! locks, the key's own row is its lock instead: the claim bounds its wait
+//! with `set_config('lock_timeout', …, true)`, inserts an `in_progress` row
+//! with `INSERT … ON CONFLICT DO NOTHING` (a duplicate waits on the
+//! uncommitted row) or, when the key has a committed record, locks it with
+//! `SELECT … FOR UPDATE`; the completion then upserts over that row.
+//!
+//! SQL stays within what Postgres-compatible engines accept where it costs
+//! nothing: no `ctid`, batched deletes by primary key.
+
+use std::time::Duration;
+
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{PgConnection, PgPool, Pool, Postgres};
+
+use super::migrate::{Dialect, PendingMigration, Schema};
+use crate::policy::Policy;
+
+mod inbox;
+mod keys;
+mod outbox;
+
+/// idem's migrations, applied by [`crate::migrations`] with their own
+/// bookkeeping table.
+static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate::Migrator {
+    ignore_missing: true,
+    ..sqlx::migrate!("../migrations/postgres")
+};
+
+/// Connects a pool configured for idem: each new connection prepares the
+/// statements of a fresh key's claim ([`prepare_claims`]), no ping before each
+/// acquire (one round trip saved per operation), and an acquire timeout of
+/// `policy.wait_timeout` (at least 5 s) so a down server fails closed quickly.
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), sqlx::Error> {
+/// use idem_runtime::{store::postgres, Policy};
+/// let pool = postgres::connect("postgres://localhost/app", &Policy::default(), 8).await?;
+/// # Ok(()) }
+/// ```
+pub async fn connect(
+    url: &str,
+    policy: &Policy,
+    max_connections: u32,
+) -> Result<PgPool, sqlx::Error> {
+    let options: PgConnectOptions = url.parse()?;
+    pool_options(policy, max_connections)
+        .connect_with(options)
+        .await
+}
+
+/// The pool options [`connect`] uses, for callers that build their own pool.
+pub fn pool_options(policy: &Policy, max_connections: u32) -> PgPoolOptions {
+    PgPoolOptions::new()
+        .max_connections(max_connections)
+        .test_before_acquire(false)
+        .acquire_timeout(policy.wait_timeout.max(Duration::from_secs(5)))
+        .after_connect(|conn, _| Box::pin(prepare_claims(conn)))
+}
+
+/// Prepares, in `conn`'s session, the statements a fresh key's claim and its
+/// completion execute; a database that cannot (not migrated yet, its key
+/// table gone) leaves the connection as it is, as claims then do without. The
+/// pools of [`connect`] and [`pool_options`] call it on every new connection;
+/// a pool built otherwise can too, from its own `after_connect`. A claim on a
+/// connection without them still works: it is refused before anything runs
+/// (one `prepared statement does not exist` error in the server's log), and
+/// the key is claimed the full way, which prepares them.
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), sqlx::Error> {
+/// use idem_runtime::store::postgres;
+/// let pool = sqlx::postgres::PgPoolOptions::new()
+///     .after_connect(|conn, _| Box::pin(postgres::prepare_claims(conn)))
+///     .connect("postgres://localhost/app")
+///     .await?;
+/// # Ok(()) }
+/// ```
+pub async fn prepare_claims(conn: &mut PgConnection) -> Result<(), sqlx::Error> {
+    sqlx::Executor::execute(conn, PREPARE_CLAIMS).await?;
+    Ok(())
+}
+
+/// What [`prepare_claims`] sends.
+const PREPARE_CLAIMS: &str = "DO $$ BEGIN PERFORM idem_prepare_claims(); \
+     EXCEPTION WHEN OTHERS THEN NULL; END $$";
+
+impl Schema for Postgres {
+    fn migrator() -> &'static sqlx::migrate::Migrator {
+        &MIGRATOR
+    }
+
+    const MIGRATION_DIALECT: Dialect = Dialect {
+        create_table: "CREATE TABLE IF NOT EXISTS _idem_migrations (
+            version BIGINT PRIMARY KEY,
+            description TEXT NOT NULL,
+            installed_on TIMESTAMPTZ NOT NULL DEFAULT now(),
+            success BOOLEAN NOT NULL,
+            checksum BYTEA NOT NULL,
+            execution_time BIGINT NOT NULL
+        )",
+        count_tables: "SELECT COUNT(*) FROM pg_catalog.pg_tables \
+             WHERE tablename = $1 AND schemaname = ANY (current_schemas(false))",
+        // idem's own advisory lock (not sqlx's), so the application's migrator
+        // and idem's never wait for each other. The key is "idem-mig" in ASCII.
+        lock: Some((
+            "SELECT pg_advisory_lock(7594877498727753063)",
+            "SELECT pg_advisory_unlock(7594877498727753063)",
+        )),
+        after: Some(PREPARE_CLAIMS),
+    };
+
+    async fn run_migrations(pool: &Pool<Self>) -> Result<(), sqlx::migrate::MigrateError> {
+        super::migrate::run_on(pool).await
+    }
+
+    async fn pending_migrations(
+        pool: &Pool<Self>,
+    ) -> Result<Vec<PendingMigration>, sqlx::migrate::MigrateError> {
+        super::migrate::pending_on(pool).await
+    }
+}
+
+/// How a Postgres claim holds its key against concurrent duplicates.
+///
+/// Every engine and step on one database must use the same kind: a claim of
+/// one kind does not wait for a claim of the other. A setting of
+/// `Engine<Postgres>` only: SQLite's write lock is database-wide.
+///
+/// ```
+/// use idem_runtime::{Engine, KeyLock};
+/// # async fn demo(pool: sqlx::PgPool) {
+/// // For a Postgres-compatible engine without advisory locks:
+/// let engine = Engine::new(pool).with_key_lock(KeyLock::Row);
+/// assert_eq!(engine.key_lock(), KeyLock::Row);
+/// # }
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum KeyLock {
+    /// A transaction-scoped advisory lock on a hash of `(scope, key)`, taken
+    /// with the record's read in one statement; the record is written once,
+    /// completed, just before the commit. The default, and the fastest.
+    #[default]
+    Advisory,
+    /// The key's own row: the claim inserts an `in_progress` row with plain
+    /// `INSERT … ON CONFLICT DO NOTHING` (a duplicate waits on the uncommitted
+    /// row, at most `wait_timeout`) or locks the existing one with `SELECT …
+    /// FOR UPDATE`, and the completion updates it. For Postgres-compatible
+    /// engines without advisory locks; it writes two tuple versions per key
+    /// and takes more statements.
+    Row,
+}
+
+impl crate::Engine<Postgres> {
+    /// Sets how claims hold their key ([`KeyLock::Advisory`] by default; see
+    /// [`KeyLock`] for when to choose [`KeyLock::Row`]).
+    pub fn with_key_lock(mut self, key_lock: KeyLock) -> Self {
+        self.settings = key_lock;
+        self
+    }
+
+    /// How claims hold their key.
+    pub fn key_lock(&self) -> KeyLock {
+        self.settings
+    }
+
+    /// An engine on a Postgres URL with the default policy and a pool of 8 connections.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), sqlx::Error> {
+    /// let engine = idem_runtime::Engine::<sqlx::Postgres>::connect_postgres("postgres://localhost/app").await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn connect_postgres(url: &str) -> Result<Self, sqlx::Error> {
+        Ok(Self::new(connect(url, &Policy::default(), 8).await?))
+    }
+}
