@@ -535,7 +535,7 @@ impl Stores {
     }
 
     async fn postgres() -> Self {
-        let server = idem_runtime::test_support::postgres();
+        let server = idem_test_support::postgres();
         Self {
             orders: server.fresh_database().await,
             payments: server.fresh_database().await,

@@ -11,7 +11,8 @@
 //!                         sink)     notifications.db
 //! ```
 //!
-//! `cargo run --example checkout [-- --keep-dbs DIR]` (keeps `orders.db`,
+//! `cargo run --example checkout [-- [--json] [--keep-dbs DIR]]` (`--json`: the
+//! report as one JSON document; `--keep-dbs` keeps `orders.db`,
 //! `payments.db` and `notifications.db` in `DIR` for `idem inspect`)
 //!
 //! The order service's `POST /checkout` is an `#[idempotent(http)]` handler:
@@ -106,14 +107,9 @@ async fn trace_deliveries(State(trace): State<Trace>, request: Request, next: Ne
     let seq = trace.start();
     let response = next.run(request).await;
     let got = match response.status().as_u16() {
-        200 if response.headers().contains_key("idempotent-replayed") => {
-            "200 replayed: recorded before".to_owned()
-        }
-        200 => "200 recorded".to_owned(),
-        status => format!(
-            "{status} {}",
-            response.status().canonical_reason().unwrap_or("")
-        ),
+        200 if response.headers().contains_key("idempotent-replayed") => Got::RecordedBefore,
+        200 => Got::Recorded,
+        status => Got::Other { status },
     };
     trace.record(seq, &id, format!("{who} -> notifications"), got);
     response
@@ -221,7 +217,83 @@ struct Event {
     /// The idempotency key the attempt carried.
     key: String,
     who: String,
-    got: String,
+    got: Got,
+}
+
+/// What one attempt got: a line of the table, a value of `--json`.
+#[derive(Clone, Debug, serde::Serialize)]
+#[serde(tag = "got", rename_all = "snake_case")]
+enum Got {
+    /// The work ran and answered `status`.
+    Executed { status: u16 },
+    /// The stored answer, replayed.
+    Replayed { status: u16 },
+    /// 409: another attempt holds the key; come back after `retry_after` seconds.
+    InProgress { retry_after: String },
+    /// 422: the key was used before with another request.
+    KeyReused,
+    /// The notifications inbox recorded a delivery.
+    Recorded,
+    /// The notifications inbox answered a redelivery from its record.
+    RecordedBefore,
+    /// Any other status.
+    Other { status: u16 },
+    /// No answer came back: the connection dropped, or none within `timeout_ms`.
+    NoAnswer {
+        timeout_ms: Option<u128>,
+        then: Then,
+    },
+    /// The relay process died where the demo made it die.
+    ProcessDied,
+    /// The relay process exited instead of dying.
+    Exited { code: i32 },
+}
+
+/// What the caller did after an attempt got no answer.
+#[derive(Clone, Copy, Debug, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+enum Then {
+    /// The caller sends the same request again, with the same key.
+    Retries,
+    /// A proxy retried once, then answered 502.
+    GivesUp,
+    /// The client stopped waiting for this attempt.
+    ClientGaveUp,
+}
+
+impl std::fmt::Display for Got {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Got::Executed { status } => write!(f, "{status} executed"),
+            Got::Replayed { status } => write!(f, "{status} replayed"),
+            Got::InProgress { retry_after } => {
+                write!(f, "409 in progress, Retry-After {retry_after}")
+            }
+            Got::KeyReused => f.write_str("422 key reused with a different request"),
+            Got::Recorded => f.write_str("200 recorded"),
+            Got::RecordedBefore => f.write_str("200 replayed: recorded before"),
+            Got::Other { status } => {
+                let reason = StatusCode::from_u16(*status)
+                    .ok()
+                    .and_then(|s| s.canonical_reason())
+                    .unwrap_or("");
+                write!(f, "{status} {reason}")
+            }
+            Got::NoAnswer { timeout_ms, then } => {
+                match timeout_ms {
+                    Some(ms) => write!(f, "no answer within {ms}ms")?,
+                    None => f.write_str("no answer: connection dropped")?,
+                }
+                match then {
+                    Then::Retries => f.write_str(" -> retries"),
+                    Then::GivesUp => f.write_str(" -> gives up: 502"),
+                    Then::ClientGaveUp => f.write_str(": client gave up"),
+                }
+            }
+            Got::ProcessDied => f.write_str("process died after the 200, before marking sent"),
+            Got::Exited { code } => write!(f, "exited {code} without dying"),
+        }
+    }
 }
 
 #[derive(Clone, Default)]
@@ -237,7 +309,7 @@ impl Trace {
     }
 
     /// Records what the attempt numbered `seq` got.
-    fn record(&self, seq: u64, key: &str, who: String, got: String) {
+    fn record(&self, seq: u64, key: &str, who: String, got: Got) {
         self.events.lock().unwrap().push(Event {
             seq,
             key: key.to_owned(),
@@ -246,8 +318,8 @@ impl Trace {
         });
     }
 
-    fn for_keys(&self, keys: &[&str]) -> Vec<(String, String)> {
-        let mut events: Vec<(u64, String, String)> = self
+    fn for_keys(&self, keys: &[&str]) -> Vec<(String, Got)> {
+        let mut events: Vec<(u64, String, Got)> = self
             .events
             .lock()
             .unwrap()
@@ -269,7 +341,7 @@ struct Traced {
     /// The name of each attempt; attempts past the list repeat its last name.
     names: Arc<Vec<String>>,
     /// How a lost answer reads in the table, by attempt number.
-    no_answer: fn(u32, &reqwest_middleware::Error) -> String,
+    no_answer: fn(u32, &reqwest_middleware::Error) -> Got,
     attempts: Arc<AtomicU32>,
 }
 
@@ -277,7 +349,7 @@ impl Traced {
     fn new(
         key: &str,
         names: &[&str],
-        no_answer: fn(u32, &reqwest_middleware::Error) -> String,
+        no_answer: fn(u32, &reqwest_middleware::Error) -> Got,
     ) -> Self {
         Self {
             key: key.to_owned(),
@@ -358,20 +430,19 @@ impl RetryingProxy {
 }
 
 /// How a proxy's lost answer reads: it retries once, then gives up.
-fn proxy_no_answer(attempt: u32, error: &reqwest_middleware::Error) -> String {
-    let got = no_answer(error, PROXY_TIMEOUT);
-    if attempt == 1 {
-        format!("{got} -> retries")
+fn proxy_no_answer(attempt: u32, error: &reqwest_middleware::Error) -> Got {
+    let then = if attempt == 1 {
+        Then::Retries
     } else {
-        format!("{got} -> gives up: 502")
-    }
+        Then::GivesUp
+    };
+    no_answer(error, PROXY_TIMEOUT, then)
 }
 
-fn no_answer(error: &reqwest_middleware::Error, timeout: Duration) -> String {
-    if error.is_timeout() {
-        format!("no answer within {timeout:?}")
-    } else {
-        "no answer: connection dropped".to_owned()
+fn no_answer(error: &reqwest_middleware::Error, timeout: Duration, then: Then) -> Got {
+    Got::NoAnswer {
+        timeout_ms: error.is_timeout().then_some(timeout.as_millis()),
+        then,
     }
 }
 
@@ -436,25 +507,21 @@ async fn relay(reply: reqwest::Response) -> Response {
     response
 }
 
-/// What an answer means, as the table shows it.
-fn describe(reply: &reqwest::Response) -> String {
+/// What an answer means.
+fn describe(reply: &reqwest::Response) -> Got {
     match reply.status().as_u16() {
-        201 if reply.replayed() => "201 replayed".to_owned(),
-        201 => "201 executed".to_owned(),
-        409 => format!(
-            "409 in progress, Retry-After {}",
-            reply
+        status @ 200..300 if reply.replayed() => Got::Replayed { status },
+        status @ 200..300 => Got::Executed { status },
+        409 => Got::InProgress {
+            retry_after: reply
                 .headers()
                 .get("retry-after")
                 .and_then(|v| v.to_str().ok())
                 .unwrap_or("?")
-        ),
-        422 => "422 key reused with a different request".to_owned(),
-        _ => format!(
-            "{} {}",
-            reply.status().as_u16(),
-            reply.status().canonical_reason().unwrap_or("")
-        ),
+                .to_owned(),
+        },
+        422 => Got::KeyReused,
+        status => Got::Other { status },
     }
 }
 
@@ -527,12 +594,13 @@ impl Demo {
 }
 
 /// How a lost answer reads for the client, whose retries are its own rows.
-fn client_no_answer(_attempt: u32, error: &reqwest_middleware::Error) -> String {
-    if error.is_timeout() {
-        format!("no answer within {CLIENT_TIMEOUT:?}: client gave up")
+fn client_no_answer(_attempt: u32, error: &reqwest_middleware::Error) -> Got {
+    let then = if error.is_timeout() {
+        Then::ClientGaveUp
     } else {
-        no_answer(error, CLIENT_TIMEOUT)
-    }
+        Then::Retries
+    };
+    no_answer(error, CLIENT_TIMEOUT, then)
 }
 
 /// Where the demo's two SQLite files live.
@@ -575,8 +643,15 @@ async fn run() -> Result<bool, BoxError> {
     }));
 
     // `--keep-dbs DIR`: keep orders.db, payments.db and notifications.db in
-    // DIR (for `idem inspect`).
-    let args: Vec<String> = std::env::args().skip(1).collect();
+    // DIR (for `idem inspect`). `--json`: the report as one JSON document.
+    let mut args: Vec<String> = std::env::args().skip(1).collect();
+    let json_report = args.iter().any(|arg| arg == "--json");
+    args.retain(|arg| arg != "--json");
+    let say = |line: String| {
+        if !json_report {
+            println!("{line}");
+        }
+    };
     let dir = match args.as_slice() {
         [] => StoreDir::Temporary(tempfile::tempdir()?),
         [flag, db] if flag == "--relay-process" => return relay_process(db).await,
@@ -587,7 +662,7 @@ async fn run() -> Result<bool, BoxError> {
             }
             StoreDir::Kept(dir.into())
         }
-        _ => return Err("usage: checkout [--keep-dbs DIR]".into()),
+        _ => return Err("usage: checkout [--json] [--keep-dbs DIR]".into()),
     };
     let trace = Trace::default();
 
@@ -631,13 +706,19 @@ async fn run() -> Result<bool, BoxError> {
         start(RetryingProxy::new("gateway -> orders", orders_url.clone(), &trace).router()).await?;
     let first_relay = outbox_relay(&orders_engine, "relay")?.spawn().await?;
 
-    println!("client --> gateway  {gateway_url}   retries once on a lost or late answer");
-    println!("       --> orders   {orders_url}   POST /checkout, #[idempotent(http)], step {PLACE_ORDER}, SQLite");
-    println!("orders --> mesh     {mesh_url}   retries once on a lost or late answer");
-    println!("       --> payments {payments_url}   POST /payments, #[idempotent(http)], SQLite");
-    println!("orders --> outbox --> relay --> notifications {notifications_url}   Standard Webhooks, inbox keyed on webhook-id, SQLite");
-    println!("the charge's key: order key .child({CHARGE_CARD}) = child_key(order key, \"{CHARGE_CARD}\")");
-    println!("the notification's id: order key .child({NOTIFY_ORDER}), enqueued in the order's transaction\n");
+    say(format!(
+        "client --> gateway  {gateway_url}   retries once on a lost or late answer"
+    ));
+    say(format!("       --> orders   {orders_url}   POST /checkout, #[idempotent(http)], step {PLACE_ORDER}, SQLite"));
+    say(format!(
+        "orders --> mesh     {mesh_url}   retries once on a lost or late answer"
+    ));
+    say(format!(
+        "       --> payments {payments_url}   POST /payments, #[idempotent(http)], SQLite"
+    ));
+    say(format!("orders --> outbox --> relay --> notifications {notifications_url}   Standard Webhooks, inbox keyed on webhook-id, SQLite"));
+    say(format!("the charge's key: order key .child({CHARGE_CARD}) = child_key(order key, \"{CHARGE_CARD}\")"));
+    say(format!("the notification's id: order key .child({NOTIFY_ORDER}), enqueued in the order's transaction\n"));
 
     let demo = Demo {
         http: traced_client(RetryPolicy::default(), &trace),
@@ -739,8 +820,8 @@ async fn run() -> Result<bool, BoxError> {
         notification.as_str(),
         "relay B".to_owned(),
         match crashed.code() {
-            None => "process died after the 200, before marking sent".to_owned(),
-            Some(code) => format!("exited {code} without dying"),
+            None => Got::ProcessDied,
+            Some(code) => Got::Exited { code },
         },
     );
     let second_relay = outbox_relay(&orders_engine, "relay C")?.spawn().await?;
@@ -765,57 +846,125 @@ async fn run() -> Result<bool, BoxError> {
         .fetch_all(notifications_engine.pool())
         .await?;
 
-    const WIDTH: usize = 104;
-    println!("{:<34} {:<26} got", "logical operation", "attempt");
-    println!("{}", "-".repeat(WIDTH));
-    let mut ok = true;
+    let mut stories = Vec::new();
     for (name, order_ref, key) in &story {
         let charge = IdempotencyKey::new(*key)?.child(CHARGE_CARD);
         let notification = IdempotencyKey::new(*key)?.child(NOTIFY_ORDER);
-        let events = trace.for_keys(&[key, charge.as_str(), notification.as_str()]);
-        for (i, (who, got)) in events.iter().enumerate() {
-            let label = match i {
-                0 => name.to_string(),
-                1 => format!("  {order_ref}, key {key}"),
-                _ => String::new(),
-            };
-            let who = if who.starts_with("client") {
-                who.clone()
-            } else {
-                format!("  {who}")
-            };
-            println!("{label:<34} {who:<26} {got}");
-        }
         let destination = format!("merchant/{order_ref}");
-        let charged = charges
-            .iter()
-            .filter(|c| c["destination"] == destination.as_str())
-            .count();
-        let ordered = placed.iter().filter(|(id, _)| id == order_ref).count();
-        let notifications = notified.iter().filter(|(id,)| id == order_ref).count();
-        let right = charged == 1 && ordered == 1 && notifications == 1;
-        ok &= right;
-        println!(
-            "{:<34} {:<26} orders {ordered}, charges {charged}, notifications {notifications}  [{}]",
-            "",
-            "  side effects",
-            if right { "ok" } else { "WRONG" }
-        );
-        println!();
+        stories.push(Story {
+            name,
+            order: order_ref,
+            key,
+            attempts: trace
+                .for_keys(&[key, charge.as_str(), notification.as_str()])
+                .into_iter()
+                .map(|(who, got)| Attempt { who, got })
+                .collect(),
+            orders: placed.iter().filter(|(id, _)| id == order_ref).count(),
+            charges: charges
+                .iter()
+                .filter(|c| c["destination"] == destination.as_str())
+                .count(),
+            notifications: notified.iter().filter(|(id,)| id == order_ref).count(),
+        });
     }
-    println!("{}", "-".repeat(WIDTH));
-    let all = ok
-        && charges.len() == story.len()
-        && placed.len() == story.len()
-        && notified.len() == story.len();
-    println!(
-        "order service: {} orders | payments service: {} charges | notifications service: {} notifications | {} logical operations, one charge and one notification per order: {} ({} ms)",
-        placed.len(),
-        charges.len(),
-        notified.len(),
-        story.len(),
-        if all { "yes" } else { "NO" },
-        started.elapsed().as_millis()
-    );
-    Ok(all)
+    let report = Report {
+        once_per_order: stories.iter().all(Story::once)
+            && charges.len() == story.len()
+            && placed.len() == story.len()
+            && notified.len() == story.len(),
+        orders: placed.len(),
+        charges: charges.len(),
+        notifications: notified.len(),
+        stories,
+        millis: started.elapsed().as_millis(),
+    };
+    if json_report {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        report.print();
+    }
+    Ok(report.once_per_order)
+}
+
+/// What the demo found: every attempt and every side effect, per story.
+#[derive(serde::Serialize)]
+struct Report<'a> {
+    stories: Vec<Story<'a>>,
+    orders: usize,
+    charges: usize,
+    notifications: usize,
+    /// One order, one charge and one notification per story, and nothing else.
+    once_per_order: bool,
+    millis: u128,
+}
+
+/// One logical operation: its attempts in the order they started, and what
+/// it left in each service's store.
+#[derive(serde::Serialize)]
+struct Story<'a> {
+    name: &'a str,
+    order: &'a str,
+    key: &'a str,
+    attempts: Vec<Attempt>,
+    orders: usize,
+    charges: usize,
+    notifications: usize,
+}
+
+impl Story<'_> {
+    fn once(&self) -> bool {
+        self.orders == 1 && self.charges == 1 && self.notifications == 1
+    }
+}
+
+#[derive(serde::Serialize)]
+struct Attempt {
+    who: String,
+    #[serde(flatten)]
+    got: Got,
+}
+
+impl Report<'_> {
+    /// The report as a table.
+    fn print(&self) {
+        const WIDTH: usize = 104;
+        println!("{:<34} {:<26} got", "logical operation", "attempt");
+        println!("{}", "-".repeat(WIDTH));
+        for story in &self.stories {
+            for (i, Attempt { who, got }) in story.attempts.iter().enumerate() {
+                let label = match i {
+                    0 => story.name.to_string(),
+                    1 => format!("  {}, key {}", story.order, story.key),
+                    _ => String::new(),
+                };
+                let who = if who.starts_with("client") {
+                    who.clone()
+                } else {
+                    format!("  {who}")
+                };
+                println!("{label:<34} {who:<26} {got}");
+            }
+            println!(
+                "{:<34} {:<26} orders {}, charges {}, notifications {}  [{}]",
+                "",
+                "  side effects",
+                story.orders,
+                story.charges,
+                story.notifications,
+                if story.once() { "ok" } else { "WRONG" }
+            );
+            println!();
+        }
+        println!("{}", "-".repeat(WIDTH));
+        println!(
+            "order service: {} orders | payments service: {} charges | notifications service: {} notifications | {} logical operations, one charge and one notification per order: {} ({} ms)",
+            self.orders,
+            self.charges,
+            self.notifications,
+            self.stories.len(),
+            if self.once_per_order { "yes" } else { "NO" },
+            self.millis
+        );
+    }
 }

@@ -1,8 +1,11 @@
 //! Keeping the idempotency key with the pending work, on the caller's side.
 //!
 //! ```text
-//! cargo run --example pending_payment
+//! cargo run --example pending_payment [-- --dir DIR]
 //! ```
+//!
+//! (`--dir` keeps the caller's `caller.db` and the service's `payments.db` in
+//! `DIR`.)
 //!
 //! A caller that mints its key in memory loses it in a crash, and the retry
 //! after the restart carries a new key: the payment runs twice. So the key is
@@ -182,10 +185,16 @@ async fn main() -> ExitCode {
 }
 
 async fn run() -> Result<bool, BoxError> {
-    let dir = tempfile::tempdir()?;
+    let temp = tempfile::tempdir()?;
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let dir = match args.as_slice() {
+        [] => temp.path().to_owned(),
+        [flag, dir] if flag == "--dir" => std::path::PathBuf::from(dir),
+        _ => return Err("usage: pending_payment [--dir DIR]".into()),
+    };
 
     // The payments service, on its own SQLite file.
-    let service_db = dir.path().join("payments.db");
+    let service_db = dir.join("payments.db");
     let store = payments::Store::open(Some(&service_db.display().to_string())).await?;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let url = format!("http://{}/payments", listener.local_addr()?);
@@ -193,7 +202,7 @@ async fn run() -> Result<bool, BoxError> {
     tokio::spawn(async move { axum::serve(listener, app).await });
 
     // The caller's database of pending work.
-    let caller_db = dir.path().join("caller.db");
+    let caller_db = dir.join("caller.db");
     let db = SqlitePool::connect(&format!("sqlite://{}?mode=rwc", caller_db.display())).await?;
     sqlx::query(CREATE_PENDING).execute(&db).await?;
 

@@ -151,11 +151,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args = parse_args()?;
     let url = match &args.database_url {
         Some(url) => url.clone(),
-        None => {
-            idem_runtime::test_support::postgres()
-                .fresh_database()
-                .await
-        }
+        None => idem_test_support::postgres().fresh_database().await,
     };
     println!(
         "{} records, a {}-byte JSON answer each",

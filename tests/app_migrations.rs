@@ -2,13 +2,11 @@
 //! either order, with no flags; a database an earlier idem migrated through
 //! `_sqlx_migrations`; and idem's schema as SQL for other migration tools.
 
-mod support;
-
 use idem_runtime::migrations::{self, TABLE};
 use idem_runtime::{Engine, Policy};
+use idem_test_support::{on_each_store, Harness, TestBackend};
 use sqlx::migrate::{MigrateError, Migrator};
 use sqlx::{Pool, Postgres, Sqlite};
-use support::{on_each_store, Harness, TestBackend};
 
 /// The application's migrations (`tests/app_migrations/`), embedded the way
 /// an application embeds its own.
@@ -61,7 +59,7 @@ on_each_store! {
 }
 
 /// A fresh database with neither migration set applied.
-async fn empty_engine<DB: AppBackend>() -> (Engine<DB>, idem_runtime::test_support::TestDb) {
+async fn empty_engine<DB: AppBackend>() -> (Engine<DB>, idem_test_support::TestDb) {
     let db = DB::test_db().await;
     let policy = Policy::default();
     let engine = Engine::new(DB::pool(db.url(), &policy).await);

@@ -6,7 +6,7 @@
 
 use std::process::Command;
 
-use idem_runtime::test_support::example_binary;
+use idem_test_support::example_binary;
 
 /// The number after `label ` in the run's summary line.
 fn figure(summary: &str, label: &str) -> u64 {

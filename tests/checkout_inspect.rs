@@ -7,8 +7,8 @@ use std::process::Command;
 
 use idem_cli::inspect::inspect;
 use idem_cli::store::{OpenMode, Store, StoreSpec};
-use idem_runtime::test_support::example_binary;
 use idem_runtime::Scope;
+use idem_test_support::example_binary;
 
 #[tokio::test]
 async fn every_order_of_the_demo_was_charged_exactly_once() {

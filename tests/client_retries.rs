@@ -5,7 +5,6 @@
 
 #[path = "../examples/services/payments.rs"]
 mod payments;
-mod support;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -18,33 +17,11 @@ use idem_client::reqwest_middleware::ClientWithMiddleware;
 use idem_client::{
     ClientError, IdempotencyKey, MissingKey, RequestBuilderExt, ResponseExt, RetryPolicy,
 };
+use idem_test_support::{on_each_store, Harness, TestBackend, TestDb};
 use payments::{Config, PaymentRequest, Store, CREATE_PAYMENT};
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-
-/// A database for one test, and what keeps it alive.
-struct Db {
-    url: String,
-    _dir: Option<tempfile::TempDir>,
-}
-
-async fn sqlite() -> Db {
-    let (dir, path) = idem_runtime::test_support::sqlite_file();
-    Db {
-        url: path.display().to_string(),
-        _dir: Some(dir),
-    }
-}
-
-async fn postgres() -> Db {
-    Db {
-        url: idem_runtime::test_support::postgres()
-            .fresh_database()
-            .await,
-        _dir: None,
-    }
-}
 
 /// The payments router on an ephemeral loopback port, behind a [`Proxy`].
 struct Service {
@@ -53,9 +30,9 @@ struct Service {
     proxy: Proxy,
 }
 
-async fn serve(db: &Db) -> Service {
+async fn serve(db: &TestDb) -> Service {
     let store = Store::open_with(
-        Some(&db.url),
+        Some(db.url()),
         Policy::default().with_wait_timeout(Duration::from_secs(2)),
     )
     .await
@@ -275,7 +252,8 @@ impl Held {
 
 /// The service committed, the answer was lost on the way back; the retry
 /// carries the same key and gets the stored answer, replayed. One payment.
-async fn lost_answer_then_replay(db: Db) {
+async fn lost_answer_then_replay<DB: TestBackend>(_store: impl AsyncFn(Policy) -> Harness<DB>) {
+    let db = DB::test_db().await;
     let svc = serve(&db).await;
     let http = client(
         RetryPolicy::default().backoff(Duration::from_millis(10), Duration::from_millis(50)),
@@ -283,7 +261,7 @@ async fn lost_answer_then_replay(db: Db) {
     let key = IdempotencyKey::random();
     svc.proxy.lose_answers(1);
 
-    let logs = support::Captured::default();
+    let logs = idem_test_support::Captured::default();
     let response = {
         let _guard = tracing::subscriber::set_default(logs.subscriber());
         pay(&http, &svc.payments(), "acme", &key, &body(2500))
@@ -314,7 +292,8 @@ async fn lost_answer_then_replay(db: Db) {
 /// Another attempt holds the key: 409 with `Retry-After`; the client waits
 /// what it was told (not its short backoff), retries, and gets the replay of
 /// what the first attempt stored.
-async fn in_progress_then_replay(db: Db) {
+async fn in_progress_then_replay<DB: TestBackend>(_store: impl AsyncFn(Policy) -> Harness<DB>) {
+    let db = DB::test_db().await;
     let svc = serve(&db).await;
     let key = IdempotencyKey::random();
     let held = Held::hold(&svc, &key, &body(700), Duration::from_secs(2)).await;
@@ -348,7 +327,8 @@ async fn in_progress_then_replay(db: Db) {
 
 /// The key table is gone: the service fails closed with 503 + `Retry-After`;
 /// the table is back before the retry, which charges.
-async fn unavailable_then_success(db: Db) {
+async fn unavailable_then_success<DB: TestBackend>(_store: impl AsyncFn(Policy) -> Harness<DB>) {
+    let db = DB::test_db().await;
     let svc = serve(&db).await;
     svc.execute("ALTER TABLE idempotency_keys RENAME TO idempotency_keys_away")
         .await;
@@ -371,7 +351,8 @@ async fn unavailable_then_success(db: Db) {
 }
 
 /// A 422 is the answer, not a transient failure: one attempt.
-async fn invalid_is_not_retried(db: Db) {
+async fn invalid_is_not_retried<DB: TestBackend>(_store: impl AsyncFn(Policy) -> Harness<DB>) {
+    let db = DB::test_db().await;
     let svc = serve(&db).await;
     let http = client(RetryPolicy::default());
     let response = pay(
@@ -404,7 +385,8 @@ async fn invalid_is_not_retried(db: Db) {
 /// The deadline bounds the whole call: a `Retry-After` that would pass it
 /// ends the call with the answer in hand, and an attempt still running at
 /// the deadline is cut off.
-async fn deadline_is_respected(db: Db) {
+async fn deadline_is_respected<DB: TestBackend>(_store: impl AsyncFn(Policy) -> Harness<DB>) {
+    let db = DB::test_db().await;
     let svc = serve(&db).await;
     let key = IdempotencyKey::random();
     let _held = Held::hold(&svc, &key, &body(300), Duration::from_secs(30)).await;
@@ -456,7 +438,10 @@ async fn deadline_is_respected(db: Db) {
 
 /// A streaming body cannot be sent twice: refused before anything is sent.
 /// A keyless POST is refused when so configured, and sent once otherwise.
-async fn unreplayable_and_keyless_requests(db: Db) {
+async fn unreplayable_and_keyless_requests<DB: TestBackend>(
+    _store: impl AsyncFn(Policy) -> Harness<DB>,
+) {
+    let db = DB::test_db().await;
     let svc = serve(&db).await;
     let http = client(RetryPolicy::default());
     let chunks: Vec<Result<Vec<u8>, std::io::Error>> =
@@ -513,65 +498,63 @@ async fn unreplayable_and_keyless_requests(db: Db) {
 
 /// The pending-work example: a crash between the call and recording its
 /// answer, then a restart that resends with the stored key, charges once.
-#[test]
-fn pending_payment_example_charges_each_intent_once() {
-    let exe = std::env::current_exe().unwrap();
-    let profile_dir = exe.parent().and_then(|deps| deps.parent()).unwrap();
-    let binary = profile_dir
-        .join("examples")
-        .join(format!("pending_payment{}", std::env::consts::EXE_SUFFIX));
-    assert!(
-        binary.is_file(),
-        "{} is missing: `cargo test` builds it; with `--test client_retries` alone run `cargo build --example pending_payment` first",
-        binary.display()
-    );
-    let output = std::process::Command::new(binary)
+#[tokio::test]
+async fn pending_payment_example_charges_each_intent_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let output = std::process::Command::new(idem_test_support::example_binary("pending_payment"))
+        .arg("--dir")
+        .arg(dir.path())
         .output()
         .expect("run the example");
-    let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(
         output.status.success(),
-        "{stdout}\n{}",
+        "{}\n{}",
+        String::from_utf8_lossy(&output.stdout),
         String::from_utf8_lossy(&output.stderr)
     );
-    assert!(stdout.contains("pending #1: 201 done"), "{stdout}");
-    assert!(stdout.contains("after 1 attempt(s), replayed"), "{stdout}");
-    assert!(
-        stdout.contains("intents recorded: 2, payments charged: 2, pending left: 0"),
-        "{stdout}"
-    );
-}
-
-macro_rules! on_backend {
-    ($backend:ident) => {
-        mod $backend {
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn lost_answer_then_replay() {
-                super::lost_answer_then_replay(super::$backend().await).await
-            }
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn in_progress_then_replay() {
-                super::in_progress_then_replay(super::$backend().await).await
-            }
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn unavailable_then_success() {
-                super::unavailable_then_success(super::$backend().await).await
-            }
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn invalid_is_not_retried() {
-                super::invalid_is_not_retried(super::$backend().await).await
-            }
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn deadline_is_respected() {
-                super::deadline_is_respected(super::$backend().await).await
-            }
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn unreplayable_and_keyless_requests() {
-                super::unreplayable_and_keyless_requests(super::$backend().await).await
-            }
-        }
+    let open = async |file: &str| {
+        sqlx::SqlitePool::connect(&format!("sqlite://{}", dir.path().join(file).display()))
+            .await
+            .expect(file)
     };
+    let (caller, service) = (open("caller.db").await, open("payments.db").await);
+    let intents: Vec<(String, i64, String)> =
+        sqlx::query_as("SELECT state, answer_status, answer FROM pending_payments ORDER BY id")
+            .fetch_all(&caller)
+            .await
+            .unwrap();
+    let made: Vec<String> =
+        sqlx::query_scalar("SELECT payment_id FROM payments ORDER BY payment_id")
+            .fetch_all(&service)
+            .await
+            .unwrap();
+    assert_eq!(made.len(), 2, "two intents, two payments: {made:?}");
+    let mut answered: Vec<String> = intents
+        .iter()
+        .map(|(state, status, answer)| {
+            assert_eq!((state.as_str(), *status), ("done", 201), "{answer}");
+            let answer: Value = serde_json::from_str(answer).unwrap();
+            answer["payment_id"].as_str().unwrap().to_owned()
+        })
+        .collect();
+    answered.sort();
+    // The first intent's answer, recorded only after the restart, names the
+    // payment its lost first call made: replayed, not charged again.
+    assert_eq!(answered, made);
 }
 
-on_backend!(sqlite);
-on_backend!(postgres);
+on_each_store! {
+    stores: sqlite, postgres;
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    lost_answer_then_replay,
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    in_progress_then_replay,
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    unavailable_then_success,
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    invalid_is_not_retried,
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    deadline_is_respected,
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    unreplayable_and_keyless_requests,
+}

@@ -3,8 +3,6 @@
 //! Each case counts rows in a business table to assert exactly how many side
 //! effects happened.
 
-mod support;
-
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,9 +13,9 @@ use idem_runtime::{
     Scope, Via,
 };
 
-use support::{operation, Harness, TestBackend};
+use idem_test_support::{operation, Harness, TestBackend};
 
-support::on_each_store! {
+idem_test_support::on_each_store! {
     stores: sqlite, postgres, postgres_row_lock;
     #[tokio::test]
     first_attempt_executes_and_retries_replay,
@@ -718,7 +716,7 @@ async fn postgres_work_runs_with_the_sessions_lock_timeout() {
         let policy = Policy::default()
             .with_retention(Duration::from_millis(1))
             .with_wait_timeout(Duration::from_millis(750));
-        let h = support::postgres(policy).await;
+        let h = idem_test_support::stores::postgres(policy).await;
         let engine = h.engine.clone().with_key_lock(key_lock);
         let op = Operation::new(
             Scope::tenant("acme"),

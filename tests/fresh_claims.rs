@@ -4,16 +4,17 @@
 //! that fails rolls the work back and leaves its connection clean, and the
 //! cache answers only what the store would, until the record's expiry.
 
-mod support;
-
 use std::time::Duration;
 
 use idem_runtime::{Engine, IdemError, Policy, Problem, ReplayCache, StoredResponse, Via};
-use support::{charge, operation, Harness, TestBackend};
+use idem_test_support::{charge, on_each_store, operation, Harness, TestBackend};
 
 /// Quotes, backslashes, dollar quotes and non-ASCII scopes: each key is its
 /// own, executed once, replayed after, refused with another request.
-async fn keys_that_need_quoting_are_claimed_intact<DB: TestBackend>(h: Harness<DB>) {
+async fn keys_that_need_quoting_are_claimed_intact<DB: TestBackend>(
+    harness: impl AsyncFn(Policy) -> Harness<DB>,
+) {
+    let h = harness(Policy::default()).await;
     let keys = [
         "o'brien",
         "''",
@@ -54,7 +55,10 @@ async fn keys_that_need_quoting_are_claimed_intact<DB: TestBackend>(h: Harness<D
 /// and headers, and a body above the size sent inline: each is replayed
 /// exactly as it was stored, through an engine whose pool has one
 /// connection (so every claim reuses the connection the previous one left).
-async fn responses_are_replayed_byte_for_byte<DB: TestBackend>(h: Harness<DB>) {
+async fn responses_are_replayed_byte_for_byte<DB: TestBackend>(
+    harness: impl AsyncFn(Policy) -> Harness<DB>,
+) {
+    let h = harness(Policy::default()).await;
     let pool = DB::pool_of(h.db.url(), &Policy::default(), 1).await;
     let h = h.with_engine(Engine::new(pool));
     let all_bytes: Vec<u8> = (0..=255u8).cycle().take(1024).collect();
@@ -117,12 +121,20 @@ async fn assert_connection_left_clean<DB: TestBackend>(h: &Harness<DB>) {
     );
 }
 
+#[tokio::test]
+async fn a_completion_that_fails_rolls_the_work_back_on_postgres() {
+    a_completion_that_fails_rolls_the_work_back(idem_test_support::stores::postgres).await;
+}
+
 /// A completion whose record cannot be written (here: a row for the key
 /// written on another connection while the work ran) fails closed: the
 /// work's writes roll back, and the connection goes back to the pool
 /// outside any transaction. Postgres with advisory key locks only: nothing
 /// else lets another writer in while a claim holds its key.
-async fn a_completion_that_fails_rolls_the_work_back<DB: TestBackend>(h: Harness<DB>) {
+async fn a_completion_that_fails_rolls_the_work_back<DB: TestBackend>(
+    harness: impl AsyncFn(Policy) -> Harness<DB>,
+) {
+    let h = harness(Policy::default()).await;
     let pool = DB::pool_of(h.db.url(), &Policy::default(), 1).await;
     let h = h.with_engine(Engine::new(pool));
     assert_eq!(
@@ -155,20 +167,15 @@ async fn a_completion_that_fails_rolls_the_work_back<DB: TestBackend>(h: Harness
     assert_connection_left_clean(&h).await;
 }
 
-#[tokio::test]
-async fn a_completion_that_fails_rolls_the_work_back_on_postgres() {
-    a_completion_that_fails_rolls_the_work_back(support::postgres(Policy::default()).await).await;
-}
-
 /// A replay and a conflict on Postgres are the fresh-first message refused
 /// with SQLSTATE IDEMK: expected, so the server does not log them (the
 /// migration sets `log_min_messages` on the function when its role may).
 #[tokio::test]
 async fn refusals_stay_out_of_the_server_log() {
-    let Some(log) = idem_runtime::test_support::postgres().log_file() else {
+    let Some(log) = idem_test_support::postgres().log_file() else {
         return; // a server from IDEM_TEST_DATABASE_URL: its log is not ours to read
     };
-    let h = support::postgres(Policy::default()).await;
+    let h = idem_test_support::stores::postgres(Policy::default()).await;
     let op = operation("acme", "k-quiet-log", 10);
     assert_eq!(charge(&h, &op).await.unwrap(), Via::Executed);
     assert_eq!(charge(&h, &op).await.unwrap(), Via::Replayed);
@@ -185,7 +192,10 @@ async fn refusals_stay_out_of_the_server_log() {
 
 /// A cached repeat is answered without the store (which is broken here);
 /// another request under the same key still goes to the store.
-async fn the_cache_answers_repeats_of_what_this_process_completed<DB: TestBackend>(h: Harness<DB>) {
+async fn the_cache_answers_repeats_of_what_this_process_completed<DB: TestBackend>(
+    harness: impl AsyncFn(Policy) -> Harness<DB>,
+) {
+    let h = harness(Policy::default()).await;
     let cached = h
         .engine
         .clone()
@@ -213,7 +223,10 @@ async fn the_cache_answers_repeats_of_what_this_process_completed<DB: TestBacken
 
 /// An entry lives no longer than its record: once the retention has passed,
 /// the repeat runs anew, as it would without the cache.
-async fn the_cache_honours_the_records_expiry<DB: TestBackend>(h: Harness<DB>) {
+async fn the_cache_honours_the_records_expiry<DB: TestBackend>(
+    harness: impl AsyncFn(Policy) -> Harness<DB>,
+) {
+    let h = harness(Policy::default()).await;
     let cached = h
         .engine
         .clone()
@@ -228,40 +241,14 @@ async fn the_cache_honours_the_records_expiry<DB: TestBackend>(h: Harness<DB>) {
     assert_eq!(h.payments().await, 2);
 }
 
-macro_rules! backend_tests {
-    ($module:ident, $harness:path) => {
-        mod $module {
-            use super::*;
-
-            #[tokio::test]
-            async fn keys_that_need_quoting_are_claimed_intact() {
-                super::keys_that_need_quoting_are_claimed_intact($harness(Policy::default()).await)
-                    .await;
-            }
-
-            #[tokio::test]
-            async fn responses_are_replayed_byte_for_byte() {
-                super::responses_are_replayed_byte_for_byte($harness(Policy::default()).await)
-                    .await;
-            }
-
-            #[tokio::test]
-            async fn the_cache_answers_repeats_of_what_this_process_completed() {
-                super::the_cache_answers_repeats_of_what_this_process_completed(
-                    $harness(Policy::default()).await,
-                )
-                .await;
-            }
-
-            #[tokio::test]
-            async fn the_cache_honours_the_records_expiry() {
-                super::the_cache_honours_the_records_expiry($harness(Policy::default()).await)
-                    .await;
-            }
-        }
-    };
+on_each_store! {
+    stores: sqlite, postgres, postgres_row_lock;
+    #[tokio::test]
+    keys_that_need_quoting_are_claimed_intact,
+    #[tokio::test]
+    responses_are_replayed_byte_for_byte,
+    #[tokio::test]
+    the_cache_answers_repeats_of_what_this_process_completed,
+    #[tokio::test]
+    the_cache_honours_the_records_expiry,
 }
-
-backend_tests!(postgres, support::postgres);
-backend_tests!(postgres_row_lock, support::postgres_row_lock);
-backend_tests!(sqlite, support::sqlite);

@@ -461,7 +461,7 @@ fn a_corrupted_stored_response_replays_as_stored_or_fails_and_never_runs_again()
         .enable_all()
         .build()
         .unwrap();
-    let db = idem_runtime::test_support::TestDb::sqlite();
+    let db = idem_test_support::TestDb::sqlite();
     let engine = runtime.block_on(async {
         let engine = Engine::<Sqlite>::new(
             idem::store::sqlite::connect(db.url(), &idem::Policy::default(), 2)
@@ -570,7 +570,7 @@ proptest! {
 /// a status that is not an HTTP status now fails the claim closed (503).
 #[tokio::test]
 async fn a_stored_status_that_is_not_an_http_status_fails_closed() {
-    let db = idem_runtime::test_support::TestDb::sqlite();
+    let db = idem_test_support::TestDb::sqlite();
     let engine = Engine::<Sqlite>::new(
         idem::store::sqlite::connect(db.url(), &idem::Policy::default(), 2)
             .await

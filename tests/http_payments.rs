@@ -13,7 +13,7 @@ use std::time::Duration;
 use client::{HttpClient, Reply};
 use idem::policy::ClaimMode;
 use idem::{Backend, Claim, ClaimGuard, Engine, IdempotencyKey, Operation, Policy, Scope};
-use idem_runtime::test_support::{example_binary, TestDb};
+use idem_test_support::{example_binary, on_each_store, Harness, TestBackend, TestDb};
 use payments::{Config, PaymentRequest, Store, CREATE_PAYMENT};
 use serde_json::{json, Value};
 use tokio::io::{AsyncBufReadExt, BufReader};
@@ -154,7 +154,8 @@ async fn hold_claim<DB: Backend>(
     }
 }
 
-async fn state_table(db: TestDb) {
+async fn state_table<DB: TestBackend>(_store: impl AsyncFn(Policy) -> Harness<DB>) {
+    let db = DB::test_db().await;
     let svc = serve(&db, Config::default()).await;
 
     // nothing → execute: 201 with the payment.
@@ -260,7 +261,8 @@ enum Held {
     Postgres(ClaimGuard<sqlx::Postgres>),
 }
 
-async fn keys_and_bodies(db: TestDb) {
+async fn keys_and_bodies<DB: TestBackend>(_store: impl AsyncFn(Policy) -> Harness<DB>) {
+    let db = DB::test_db().await;
     let svc = serve(
         &db,
         Config {
@@ -349,7 +351,8 @@ async fn keys_and_bodies(db: TestDb) {
     assert_eq!(svc.raw(&headers, &valid).await.status, 201);
 }
 
-async fn cross_tenant(db: TestDb) {
+async fn cross_tenant<DB: TestBackend>(_store: impl AsyncFn(Policy) -> Harness<DB>) {
+    let db = DB::test_db().await;
     let svc = serve(&db, Config::default()).await;
     let a = svc.pay("tenant-a", "shared-key", &body(1000)).await;
     assert_eq!(a.status, 201);
@@ -368,7 +371,8 @@ async fn cross_tenant(db: TestDb) {
     assert_eq!(svc.count("tenant-a").await, 1);
 }
 
-async fn concurrent_duplicates(db: TestDb) {
+async fn concurrent_duplicates<DB: TestBackend>(_store: impl AsyncFn(Policy) -> Harness<DB>) {
+    let db = DB::test_db().await;
     let svc = serve(&db, Config::default()).await;
     let svc = std::sync::Arc::new(svc);
     let attempts = (0..64).map(|_| {
@@ -428,7 +432,8 @@ async fn start_process(url: &str) -> Process {
     Process { child, base }
 }
 
-async fn crash_points(db: TestDb) {
+async fn crash_points<DB: TestBackend>(_store: impl AsyncFn(Policy) -> Harness<DB>) {
+    let db = DB::test_db().await;
     let http = HttpClient::new();
     for (n, point) in ["after-claim", "after-business-write", "after-commit"]
         .into_iter()
@@ -486,7 +491,10 @@ async fn crash_points(db: TestDb) {
 
 /// A store holding live keys for a step this build no longer declares (a
 /// rename inside the retry window): the service refuses to start, and says why.
-async fn refuses_to_start_with_undeclared_live_steps(db: TestDb) {
+async fn refuses_to_start_with_undeclared_live_steps<DB: TestBackend>(
+    _store: impl AsyncFn(Policy) -> Harness<DB>,
+) {
+    let db = DB::test_db().await;
     // The store as a previous version of the service left it.
     let store = Store::open(Some(db.url())).await.expect("open store");
     let request: PaymentRequest = serde_json::from_value(body(100)).unwrap();
@@ -532,7 +540,10 @@ async fn refuses_to_start_with_undeclared_live_steps(db: TestDb) {
 /// A client that writes a whole oversized body before reading gets the 413,
 /// not a broken pipe: the server reads and discards the rest of the body
 /// (up to a bound) before it answers and closes.
-async fn oversized_body_written_whole_gets_its_413(db: TestDb) {
+async fn oversized_body_written_whole_gets_its_413<DB: TestBackend>(
+    _store: impl AsyncFn(Policy) -> Harness<DB>,
+) {
+    let db = DB::test_db().await;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     let svc = serve(&db, Config::default()).await;
@@ -576,7 +587,8 @@ async fn oversized_body_written_whole_gets_its_413(db: TestDb) {
 }
 
 /// `GET /openapi.json` documents `POST /payments` as idempotent.
-async fn openapi_document(db: TestDb) {
+async fn openapi_document<DB: TestBackend>(_store: impl AsyncFn(Policy) -> Harness<DB>) {
+    let db = DB::test_db().await;
     let svc = serve(&db, Config::default()).await;
     let reply = svc
         .http
@@ -620,48 +632,22 @@ async fn openapi_document(db: TestDb) {
     assert!(api["paths"]["/payments"]["get"]["parameters"].is_null());
 }
 
-/// Each test body once per store.
-macro_rules! on_backend {
-    ($backend:ident, $db:expr) => {
-        mod $backend {
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn state_table() {
-                super::state_table($db).await
-            }
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn keys_and_bodies() {
-                super::keys_and_bodies($db).await
-            }
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn oversized_body_written_whole_gets_its_413() {
-                super::oversized_body_written_whole_gets_its_413($db).await
-            }
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn openapi_document() {
-                super::openapi_document($db).await
-            }
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn cross_tenant() {
-                super::cross_tenant($db).await
-            }
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn concurrent_duplicates() {
-                super::concurrent_duplicates($db).await
-            }
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn crash_points() {
-                super::crash_points($db).await
-            }
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn refuses_to_start_with_undeclared_live_steps() {
-                super::refuses_to_start_with_undeclared_live_steps($db).await
-            }
-        }
-    };
+on_each_store! {
+    stores: sqlite, postgres;
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    state_table,
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    keys_and_bodies,
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    oversized_body_written_whole_gets_its_413,
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    openapi_document,
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    cross_tenant,
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    concurrent_duplicates,
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    crash_points,
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    refuses_to_start_with_undeclared_live_steps,
 }
-
-on_backend!(sqlite, idem_runtime::test_support::TestDb::sqlite());
-on_backend!(
-    postgres,
-    idem_runtime::test_support::TestDb::postgres().await
-);

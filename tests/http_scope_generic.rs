@@ -3,8 +3,6 @@
 //! extractors (a header, a named path segment, the authenticated principal)
 //! keeping each scope's keys apart.
 
-mod support;
-
 use std::borrow::Cow;
 
 use axum::extract::Request;
@@ -15,8 +13,8 @@ use axum::routing::post;
 use axum::Router;
 use idem::http::{HeaderScope, Json, PathScope, PrincipalScope, ScopePathParam, XTenantId};
 use idem::{idempotent, Backend, Engine, Fingerprint, IdempotencyKey, Policy, ScopePart};
+use idem_test_support::{on_each_store, Harness, TestBackend};
 use sqlx::{Postgres, Sqlite};
-use support::{on_each_store, Harness, TestBackend};
 
 idem::steps! {
     const PLACE_ORDER = "place-order.v1";

@@ -5,11 +5,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-mod support;
-
 use idem::{idempotent, Engine, ErrorStatus, Fingerprint, IdemError, IdempotencyKey, Policy, Via};
+use idem_test_support::{Harness, TestBackend};
 use serde::{Deserialize, Serialize};
-use support::{Harness, TestBackend};
 use tokio::sync::Semaphore;
 
 idem::steps! {
@@ -64,7 +62,7 @@ fn key(text: &str) -> IdempotencyKey {
     IdempotencyKey::new(text).unwrap()
 }
 
-support::on_each_store! {
+idem_test_support::on_each_store! {
     stores: sqlite, postgres;
     #[tokio::test]
     executes_once_then_replays,

@@ -5,7 +5,6 @@
 
 #[path = "../examples/services/client.rs"]
 mod client;
-mod support;
 
 use axum::body::{to_bytes, Body};
 use axum::extract::Path;
@@ -15,8 +14,8 @@ use axum::routing::post;
 use axum::Router;
 use idem::http::Json;
 use idem::{idempotent, Engine, Fingerprint, IdempotencyKey, Policy};
+use idem_test_support::{Harness, TestBackend};
 use serde::Deserialize;
-use support::{Harness, TestBackend};
 use tower::ServiceExt;
 
 idem::steps! {
@@ -79,7 +78,7 @@ async fn send(app: &Router, key: Option<&str>, body: &str) -> Reply {
     }
 }
 
-support::on_each_store! {
+idem_test_support::on_each_store! {
     stores: sqlite, postgres;
     #[tokio::test]
     executes_once_replays_refuses_a_changed_body_and_a_missing_key,

@@ -6,7 +6,6 @@
 
 mod inbox_support;
 mod nats_harness;
-mod support;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -19,7 +18,7 @@ use idem::outbox::nats::NatsSink;
 use idem::outbox::{Delivered, OutgoingMessage, Sink};
 use idem::Backend;
 use idem::{idempotent, IdempotencyKey, Policy, Problem};
-use support::{Harness, TestBackend};
+use idem_test_support::{Harness, TestBackend};
 
 idem::steps! {
     const BILL = "bill-order.v1";
@@ -553,33 +552,42 @@ mod sqlite {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn killed_after_commit_then_duplicate() {
-        killed_after_commit(support::sqlite(Policy::default()).await, "sqlite").await;
+        killed_after_commit(
+            idem_test_support::stores::sqlite(Policy::default()).await,
+            "sqlite",
+        )
+        .await;
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn killed_before_commit_then_processed_once() {
-        killed_before_commit(support::sqlite(Policy::default()).await, "sqlite").await;
+        killed_before_commit(
+            idem_test_support::stores::sqlite(Policy::default()).await,
+            "sqlite",
+        )
+        .await;
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn concurrent_deliveries_one_effect() {
-        concurrent_deliveries(support::sqlite(Policy::default()).await).await;
+        concurrent_deliveries(idem_test_support::stores::sqlite(Policy::default()).await).await;
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn poison_terminated_recorded_requeued_processed() {
-        poison_and_requeue(support::sqlite(Policy::default()).await).await;
+        poison_and_requeue(idem_test_support::stores::sqlite(Policy::default()).await).await;
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn unkeyable_messages_are_poisoned() {
-        unkeyable_messages_poisoned(support::sqlite(Policy::default()).await).await;
+        unkeyable_messages_poisoned(idem_test_support::stores::sqlite(Policy::default()).await)
+            .await;
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn idempotent_function_as_handler() {
         idempotent_macro_handler(
-            support::sqlite(Policy::default()).await,
+            idem_test_support::stores::sqlite(Policy::default()).await,
             async |inbox: &Inbox<sqlx::Sqlite>, message: &Message| {
                 inbox
                     .handle_idempotent(message, async |engine, consumer, key, message| {
@@ -597,33 +605,42 @@ mod postgres {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn killed_after_commit_then_duplicate() {
-        killed_after_commit(support::postgres(Policy::default()).await, "postgres").await;
+        killed_after_commit(
+            idem_test_support::stores::postgres(Policy::default()).await,
+            "postgres",
+        )
+        .await;
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn killed_before_commit_then_processed_once() {
-        killed_before_commit(support::postgres(Policy::default()).await, "postgres").await;
+        killed_before_commit(
+            idem_test_support::stores::postgres(Policy::default()).await,
+            "postgres",
+        )
+        .await;
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn concurrent_deliveries_one_effect() {
-        concurrent_deliveries(support::postgres(Policy::default()).await).await;
+        concurrent_deliveries(idem_test_support::stores::postgres(Policy::default()).await).await;
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn poison_terminated_recorded_requeued_processed() {
-        poison_and_requeue(support::postgres(Policy::default()).await).await;
+        poison_and_requeue(idem_test_support::stores::postgres(Policy::default()).await).await;
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn unkeyable_messages_are_poisoned() {
-        unkeyable_messages_poisoned(support::postgres(Policy::default()).await).await;
+        unkeyable_messages_poisoned(idem_test_support::stores::postgres(Policy::default()).await)
+            .await;
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn idempotent_function_as_handler() {
         idempotent_macro_handler(
-            support::postgres(Policy::default()).await,
+            idem_test_support::stores::postgres(Policy::default()).await,
             async |inbox: &Inbox<sqlx::Postgres>, message: &Message| {
                 inbox
                     .handle_idempotent(message, async |engine, consumer, key, message| {

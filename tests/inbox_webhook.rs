@@ -7,7 +7,6 @@
 #[path = "../examples/services/client.rs"]
 mod client;
 mod inbox_support;
-mod support;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -23,8 +22,8 @@ use idem::inbox::webhook::WebhookReceiver;
 use idem::inbox::{Consumer, Inbox, Message};
 use idem::signature::{unix_now, SigningSecret};
 use idem::{idempotent, IdempotencyKey, Policy, Problem};
+use idem_test_support::{Harness, TestBackend};
 use inbox_support::Effects;
-use support::{Harness, TestBackend};
 
 idem::steps! {
     const NOTIFY = "notify.v1";
@@ -295,7 +294,7 @@ async fn guide_cases<DB: TestBackend + Effects>(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sqlite_webhook_receiver() {
     guide_cases(
-        support::sqlite(Policy::default()).await,
+        idem_test_support::stores::sqlite(Policy::default()).await,
         Router::new().route("/hooks/macro", post(macro_hook_sqlite)),
         "/hooks/macro",
     )
@@ -305,7 +304,7 @@ async fn sqlite_webhook_receiver() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_webhook_receiver() {
     guide_cases(
-        support::postgres(Policy::default()).await,
+        idem_test_support::stores::postgres(Policy::default()).await,
         Router::new().route("/hooks/macro", post(macro_hook_postgres)),
         "/hooks/macro",
     )

@@ -190,7 +190,7 @@ fn futures_are_send(engine: &Engine<Sqlite>, pg: &Engine<Postgres>) {
 
 #[tokio::test]
 async fn every_macro_expands_without_warnings_and_runs() {
-    let (dir, path) = idem_runtime::test_support::sqlite_file();
+    let (dir, path) = idem_test_support::sqlite_file();
     let engine = Engine::<Sqlite>::open_sqlite(path).await.unwrap();
     engine.migrate().await.unwrap();
     let key = IdempotencyKey::new("k").unwrap();

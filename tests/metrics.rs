@@ -5,8 +5,6 @@
 //! One recorder serves the whole process, so the scenarios run in one test,
 //! each backend under its own step names (the `step` label keeps them apart).
 
-mod support;
-
 use std::collections::HashMap;
 use std::time::Duration;
 
@@ -21,8 +19,8 @@ use idem_runtime::{
     Claim, ClaimMode, FailureMode, IdemError, IdempotencyKey, Operation, Policy, Problem, Scope,
     Step, StoredResponse,
 };
+use idem_test_support::{Harness, TestBackend};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
-use support::{Harness, TestBackend};
 
 fn operation(step: &'static str, key: &str, amount: i64) -> Operation {
     Operation::new(
@@ -279,12 +277,12 @@ async fn every_metric_is_recorded_on_both_backends() {
 
     let mut seen = Seen::default();
     play(
-        support::sqlite(Policy::default()).await,
+        idem_test_support::stores::sqlite(Policy::default()).await,
         "metrics-sqlite.v1",
     )
     .await;
     play(
-        support::postgres(Policy::default()).await,
+        idem_test_support::stores::postgres(Policy::default()).await,
         "metrics-postgres.v1",
     )
     .await;
@@ -293,7 +291,7 @@ async fn every_metric_is_recorded_on_both_backends() {
     // one message waits (the retried one), enqueued moments ago.
     for (pending, oldest) in [
         play_queues(
-            support::sqlite(Policy::default()).await,
+            idem_test_support::stores::sqlite(Policy::default()).await,
             "events-sqlite",
             "ledger-sqlite",
             &mut seen,
@@ -301,7 +299,7 @@ async fn every_metric_is_recorded_on_both_backends() {
         )
         .await,
         play_queues(
-            support::postgres(Policy::default()).await,
+            idem_test_support::stores::postgres(Policy::default()).await,
             "events-postgres",
             "ledger-postgres",
             &mut seen,

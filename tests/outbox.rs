@@ -23,7 +23,6 @@ use idem::outbox::{
 use idem::signature::{unix_now, SigningSecret};
 use idem::Backend;
 use idem::{Engine, IdempotencyKey, Operation, Problem, Scope};
-use idem_runtime::test_support;
 use sqlx::{Postgres, Sqlite};
 
 idem::steps! {
@@ -176,14 +175,14 @@ async fn hook(State(seen): State<Arc<Mutex<Seen>>>, headers: HeaderMap, body: By
 // Stores and helpers.
 
 async fn sqlite() -> (tempfile::TempDir, String, Engine<Sqlite>) {
-    let (dir, path) = test_support::sqlite_file();
+    let (dir, path) = idem_test_support::sqlite_file();
     let engine = Engine::<Sqlite>::open_sqlite(&path).await.unwrap();
     engine.migrate().await.unwrap();
     (dir, format!("sqlite://{}", path.display()), engine)
 }
 
 async fn postgres() -> (String, Engine<Postgres>) {
-    let url = test_support::postgres().fresh_database().await;
+    let url = idem_test_support::postgres().fresh_database().await;
     let engine = Engine::<Postgres>::connect_postgres(&url).await.unwrap();
     engine.migrate().await.unwrap();
     (url, engine)

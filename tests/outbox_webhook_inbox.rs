@@ -18,7 +18,6 @@
 //! dead, no claim stored).
 
 mod inbox_support;
-mod support;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -35,8 +34,8 @@ use idem::inbox::Inbox;
 use idem::outbox::{self, Message, MessageState, Relay, WebhookSink};
 use idem::signature::SigningSecret;
 use idem::{Policy, Problem};
+use idem_test_support::{on_each_store, Harness, TestBackend};
 use inbox_support::Effects;
-use support::{Harness, TestBackend};
 
 idem::steps! {
     const ORDER_EVENT = "order-event.v1";
@@ -129,10 +128,12 @@ async fn deliver<DB: TestBackend>(
     }
 }
 
-async fn guide_cases<DB>(receiver: Harness<DB>, other: Harness<DB>)
+async fn outbox_through_webhooks_into_the_inbox<DB>(harness: impl AsyncFn(Policy) -> Harness<DB>)
 where
     DB: TestBackend + Effects,
 {
+    let receiver = harness(Policy::default()).await;
+    let other = harness(Policy::default()).await;
     // The receiver's store is also the first publisher's outbox; `other` is
     // a second publisher (its own store) sending to the same receiver.
     let url = serve(&receiver).await;
@@ -238,20 +239,8 @@ where
     assert_eq!(effects("evt-1").await, 1);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sqlite_outbox_through_webhooks_into_the_inbox() {
-    guide_cases(
-        support::sqlite(Policy::default()).await,
-        support::sqlite(Policy::default()).await,
-    )
-    .await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn postgres_outbox_through_webhooks_into_the_inbox() {
-    guide_cases(
-        support::postgres(Policy::default()).await,
-        support::postgres(Policy::default()).await,
-    )
-    .await;
+on_each_store! {
+    stores: sqlite, postgres;
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    outbox_through_webhooks_into_the_inbox,
 }

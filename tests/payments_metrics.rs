@@ -9,7 +9,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use client::HttpClient;
-use idem_runtime::test_support::example_binary;
+use idem_test_support::example_binary;
 use serde_json::json;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
@@ -117,8 +117,6 @@ async fn sqlite_metrics_are_scraped() {
 
 #[tokio::test]
 async fn postgres_metrics_are_scraped() {
-    let url = idem_runtime::test_support::postgres()
-        .fresh_database()
-        .await;
+    let url = idem_test_support::postgres().fresh_database().await;
     scrape_after_known_requests(&url).await;
 }

@@ -4,10 +4,8 @@
 //! process, and takes the fresh path from then on. Its own test binary: the
 //! warning is said once per process.
 
-mod support;
-
 use idem_runtime::{Engine, IdemError, Policy, Via};
-use support::{charge, operation, Harness};
+use idem_test_support::{charge, operation, Harness};
 
 /// The prepared statements of a connection's session, by name.
 async fn prepared_on(conn: &mut sqlx::PgConnection) -> i64 {
@@ -37,7 +35,7 @@ async fn executions(conn: &mut sqlx::PgConnection, name: &str) -> i64 {
 /// that connection takes the fresh path; so does a connection that lost them.
 #[tokio::test]
 async fn a_connection_without_the_prepared_statements_claims_the_full_way() {
-    let h = support::postgres(Policy::default()).await;
+    let h = idem_test_support::stores::postgres(Policy::default()).await;
     let pool = sqlx::postgres::PgPoolOptions::new()
         .max_connections(1)
         .connect(h.db.url())
@@ -49,7 +47,7 @@ async fn a_connection_without_the_prepared_statements_claims_the_full_way() {
         db: h.db,
     };
     let op = operation("acme", "k-unprepared", 10);
-    let logs = support::Captured::default();
+    let logs = idem_test_support::Captured::default();
     {
         let _guard = tracing::subscriber::set_default(logs.subscriber());
         assert_eq!(charge(&plain, &op).await.unwrap(), Via::Executed);
@@ -95,7 +93,7 @@ async fn a_connection_without_the_prepared_statements_claims_the_full_way() {
 /// connection that ran the migrations included.
 #[tokio::test]
 async fn idem_pools_open_connections_prepared() {
-    let h = support::postgres(Policy::default()).await;
+    let h = idem_test_support::stores::postgres(Policy::default()).await;
     assert_eq!(
         prepared_on(&mut h.engine.pool().acquire().await.unwrap()).await,
         3

@@ -125,7 +125,7 @@ fn without_a_store() {
 
 #[tokio::test]
 async fn against_sqlite() {
-    let (_dir, path) = idem_runtime::test_support::sqlite_file();
+    let (_dir, path) = idem_test_support::sqlite_file();
     let engine = idem::Engine::<idem::sqlx::Sqlite>::open_sqlite(path)
         .await
         .unwrap();
@@ -139,9 +139,7 @@ async fn against_sqlite() {
 
 #[tokio::test]
 async fn against_postgres() {
-    let url = idem_runtime::test_support::postgres()
-        .fresh_database()
-        .await;
+    let url = idem_test_support::postgres().fresh_database().await;
     let engine = idem::Engine::<idem::sqlx::Postgres>::connect_postgres(&url)
         .await
         .unwrap();
@@ -171,7 +169,7 @@ fn expect_migrate_first(errors: &registry::RegistryErrors) {
 
 #[tokio::test]
 async fn unmigrated_sqlite_says_migrate_first() {
-    let (_dir, path) = idem_runtime::test_support::sqlite_file();
+    let (_dir, path) = idem_test_support::sqlite_file();
     let engine = idem::Engine::<idem::sqlx::Sqlite>::open_sqlite(path)
         .await
         .unwrap();
@@ -180,9 +178,7 @@ async fn unmigrated_sqlite_says_migrate_first() {
 
 #[tokio::test]
 async fn unmigrated_postgres_says_migrate_first() {
-    let url = idem_runtime::test_support::postgres()
-        .fresh_database()
-        .await;
+    let url = idem_test_support::postgres().fresh_database().await;
     let engine = idem::Engine::<idem::sqlx::Postgres>::connect_postgres(&url)
         .await
         .unwrap();

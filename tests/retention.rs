@@ -1,12 +1,10 @@
 //! The scheduled purger (`Engine::spawn_purger`) on real stores: it deletes
 //! expired records, spares live ones, and stops when asked.
 
-mod support;
-
 use std::time::{Duration, Instant};
 
 use idem_runtime::{IdempotencyKey, Operation, Policy, Problem, Scope};
-use support::{Harness, TestBackend};
+use idem_test_support::{on_each_store, Harness, TestBackend};
 
 fn operation(key: &str) -> Operation {
     Operation::new(
@@ -32,7 +30,10 @@ async fn fill<DB: TestBackend>(h: &Harness<DB>, expired: usize, live: usize) {
     tokio::time::sleep(Duration::from_millis(20)).await;
 }
 
-async fn purges_on_schedule_and_shuts_down<DB: TestBackend>(h: Harness<DB>) {
+async fn purges_on_schedule_and_shuts_down<DB: TestBackend>(
+    harness: impl AsyncFn(Policy) -> Harness<DB>,
+) {
+    let h = harness(Policy::default()).await;
     fill(&h, 9, 2).await;
     let purger = h.engine.spawn_purger(Duration::from_millis(50), 2);
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -53,12 +54,8 @@ async fn purges_on_schedule_and_shuts_down<DB: TestBackend>(h: Harness<DB>) {
     assert!(asked.elapsed() < Duration::from_secs(1));
 }
 
-#[tokio::test]
-async fn sqlite_purger() {
-    purges_on_schedule_and_shuts_down(support::sqlite(Policy::default()).await).await;
-}
-
-#[tokio::test]
-async fn postgres_purger() {
-    purges_on_schedule_and_shuts_down(support::postgres(Policy::default()).await).await;
+on_each_store! {
+    stores: sqlite, postgres;
+    #[tokio::test]
+    purges_on_schedule_and_shuts_down,
 }

@@ -8,7 +8,6 @@
 
 #[path = "../examples/services/client.rs"]
 mod client;
-mod support;
 
 use std::collections::HashSet;
 use std::str::FromStr;
@@ -24,10 +23,10 @@ use axum::Router;
 use client::{HttpClient, Reply};
 use idem::http::Json;
 use idem::{idempotent, Engine, Fingerprint, IdempotencyKey, Policy};
-use idem_runtime::test_support::{PgServer, TestDb, FAST_SETTINGS};
+use idem_test_support::TestBackend;
+use idem_test_support::{PgServer, TestDb, FAST_SETTINGS};
 use serde::Deserialize;
 use sqlx::{Postgres, Sqlite};
-use support::TestBackend;
 use tokio::sync::{oneshot, Notify};
 
 idem::steps! {

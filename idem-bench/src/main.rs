@@ -31,7 +31,7 @@ mod throughput;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use idem_runtime::test_support::PgServer;
+use idem_test_support::PgServer;
 
 use report::{BackendReport, Report};
 use target::{BenchError, Target};

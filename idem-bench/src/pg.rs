@@ -1,8 +1,8 @@
 //! Postgres: a throwaway cluster with durable, as-shipped settings.
 
 use idem_runtime::store::postgres::pool_options;
-use idem_runtime::test_support::PgServer;
 use idem_runtime::{Engine, IdemError, KeyLock, Policy, Problem, Via};
+use idem_test_support::PgServer;
 use sqlx::postgres::PgConnectOptions;
 use sqlx::{PgPool, Postgres};
 

@@ -6,78 +6,52 @@ use std::path::PathBuf;
 use std::process::{Command, Output};
 use std::time::Duration;
 
-use idem_runtime::test_support;
 use idem_runtime::{
     child_key, ClaimMode, Engine, IdempotencyKey, Operation, Policy, Problem, Scope,
 };
-use sqlx::{Postgres, Sqlite};
+use idem_test_support::{on_each_store, Harness, TestBackend, TestDb};
 
 const TENANT: &str = "shop-1";
 const ORDER_KEY: &str = "key-ord-1003";
 
 /// The stores of one test: `orders` and `payments`, on one backend.
 struct Stores {
-    _dirs: Vec<tempfile::TempDir>,
-    orders: String,
-    payments: String,
-}
-
-#[derive(Clone, Copy, Debug)]
-enum Kind {
-    Sqlite,
-    Postgres,
-}
-
-async fn location(kind: Kind, dirs: &mut Vec<tempfile::TempDir>, name: &str) -> String {
-    match kind {
-        Kind::Sqlite => {
-            let dir = tempfile::tempdir().unwrap();
-            let path = dir.path().join(format!("{name}.db"));
-            dirs.push(dir);
-            path.display().to_string()
-        }
-        Kind::Postgres => test_support::postgres().fresh_database().await,
-    }
+    orders: TestDb,
+    payments: TestDb,
 }
 
 /// Two empty, unmigrated stores.
-async fn empty_stores(kind: Kind) -> Stores {
-    let mut dirs = Vec::new();
-    let orders = location(kind, &mut dirs, "orders").await;
-    let payments = location(kind, &mut dirs, "payments").await;
+async fn empty_stores<DB: TestBackend>() -> Stores {
     Stores {
-        _dirs: dirs,
-        orders,
-        payments,
+        orders: DB::test_db().await,
+        payments: DB::test_db().await,
     }
 }
 
 /// Two migrated stores holding the checkout demo's shape: the order under
 /// `place-order.v1` in orders, its charge under `child(K, charge-card.v1)` in payments.
-async fn checkout_stores(kind: Kind) -> Stores {
-    let stores = empty_stores(kind).await;
+async fn checkout_stores<DB: TestBackend>() -> Stores {
+    let stores = empty_stores::<DB>().await;
     for store in [&stores.orders, &stores.payments] {
-        let out = idem(&["migrate", "--store", store]);
+        let out = idem(&["migrate", "--store", store.url()]);
         assert_eq!(code(&out), 0, "{}", text(&out));
     }
-    let orders = AnyEngine::open(&stores.orders).await;
-    orders
-        .run(
-            op(ORDER_KEY, "place-order.v1", 2500),
-            r#"{"order_id":"ord-1003"}"#,
-        )
-        .await;
-    let payments = AnyEngine::open(&stores.payments).await;
-    payments
-        .run(
-            op(
-                &child_key(ORDER_KEY, "charge-card.v1"),
-                "create-payment.v1",
-                2500,
-            ),
-            r#"{"payment_id":"pay_1"}"#,
-        )
-        .await;
+    run(
+        &open::<DB>(&stores.orders).await,
+        op(ORDER_KEY, "place-order.v1", 2500),
+        r#"{"order_id":"ord-1003"}"#,
+    )
+    .await;
+    run(
+        &open::<DB>(&stores.payments).await,
+        op(
+            &child_key(ORDER_KEY, "charge-card.v1"),
+            "create-payment.v1",
+            2500,
+        ),
+        r#"{"payment_id":"pay_1"}"#,
+    )
+    .await;
     stores
 }
 
@@ -90,53 +64,28 @@ fn op(key: &str, step: &'static str, amount: i64) -> Operation {
     )
 }
 
-/// An engine on either backend.
-enum AnyEngine {
-    Sqlite(Engine<Sqlite>),
-    Postgres(Engine<Postgres>),
+/// An engine on `db`, as a service would open it.
+async fn open<DB: TestBackend>(db: &TestDb) -> Engine<DB> {
+    Engine::new(DB::pool(db.url(), &Policy::default()).await)
 }
 
-impl AnyEngine {
-    async fn open(location: &str) -> Self {
-        if location.starts_with("postgres") {
-            AnyEngine::Postgres(Engine::connect_postgres(location).await.unwrap())
-        } else {
-            AnyEngine::Sqlite(Engine::open_sqlite(location).await.unwrap())
-        }
-    }
+/// Runs `op` to completion, storing `answer`.
+async fn run<DB: TestBackend>(engine: &Engine<DB>, op: Operation, answer: &str) {
+    let answer: serde_json::Value = serde_json::from_str(answer).unwrap();
+    engine
+        .run(&op, async |_tx| Ok::<_, Problem>(answer))
+        .await
+        .unwrap();
+}
 
-    /// Runs `op` to completion, storing `answer`.
-    async fn run(&self, op: Operation, answer: &str) {
-        let answer: serde_json::Value = serde_json::from_str(answer).unwrap();
-        match self {
-            AnyEngine::Sqlite(engine) => {
-                engine
-                    .run(&op, async |_tx| Ok::<_, Problem>(answer))
-                    .await
-                    .unwrap();
-            }
-            AnyEngine::Postgres(engine) => {
-                engine
-                    .run(&op, async |_tx| Ok::<_, Problem>(answer))
-                    .await
-                    .unwrap();
-            }
-        }
-    }
-
-    /// Claims `op` durably and walks away: an `in_progress` record whose lock holds a minute.
-    async fn abandon(&self, op: Operation) {
-        let policy = Policy {
-            claim_mode: ClaimMode::Durable,
-            lock_ttl: Duration::from_secs(60),
-            ..Policy::default()
-        };
-        let op = op.with_policy(policy);
-        match self {
-            AnyEngine::Sqlite(engine) => drop(engine.claim(&op).await.unwrap()),
-            AnyEngine::Postgres(engine) => drop(engine.claim(&op).await.unwrap()),
-        }
-    }
+/// Claims `op` durably and walks away: an `in_progress` record whose lock holds a minute.
+async fn abandon<DB: TestBackend>(engine: &Engine<DB>, op: Operation) {
+    let policy = Policy {
+        claim_mode: ClaimMode::Durable,
+        lock_ttl: Duration::from_secs(60),
+        ..Policy::default()
+    };
+    drop(engine.claim(&op.with_policy(policy)).await.unwrap());
 }
 
 fn idem(args: &[&str]) -> Output {
@@ -163,71 +112,77 @@ fn json(out: &Output) -> serde_json::Value {
     serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("not JSON ({e}): {}", text(out)))
 }
 
-/// Runs each scenario on SQLite and on Postgres.
-macro_rules! on_both {
-    ($($name:ident),* $(,)?) => {
-        mod sqlite {
-            $(#[tokio::test] async fn $name() { super::$name(super::Kind::Sqlite).await })*
-        }
-        mod postgres {
-            $(#[tokio::test] async fn $name() { super::$name(super::Kind::Postgres).await })*
-        }
-    };
+on_each_store! {
+    stores: sqlite, postgres;
+    #[tokio::test]
+    migrate_reports_pending_then_applies,
+    #[tokio::test]
+    inspect_answers_was_i_charged_twice,
+    #[tokio::test]
+    inspect_flags_what_is_missing_or_running,
+    #[tokio::test]
+    keys_list_show_delete,
+    #[tokio::test]
+    purge_deletes_only_expired_records,
+    #[tokio::test]
+    steps_flags_live_keys_of_undeclared_steps,
 }
 
-on_both!(
-    migrate_reports_pending_then_applies,
-    inspect_answers_was_i_charged_twice,
-    inspect_flags_what_is_missing_or_running,
-    keys_list_show_delete,
-    purge_deletes_only_expired_records,
-    steps_flags_live_keys_of_undeclared_steps,
-);
-
-async fn migrate_reports_pending_then_applies(kind: Kind) {
+async fn migrate_reports_pending_then_applies<DB: TestBackend>(
+    _store: impl AsyncFn(Policy) -> Harness<DB>,
+) {
     // The schema as SQL, for other migration tools: no store needed.
-    let (backend, script) = match kind {
-        Kind::Sqlite => ("sqlite", idem_runtime::migrations::sql::<Sqlite>()),
-        Kind::Postgres => ("postgres", idem_runtime::migrations::sql::<Postgres>()),
-    };
-    let out = idem(&["migrate", "--sql", backend]);
+    let script = idem_runtime::migrations::sql::<DB>();
+    let out = idem(&["migrate", "--sql", DB::MODULE]);
     assert_eq!(code(&out), 0, "{}", text(&out));
     assert_eq!(String::from_utf8(out.stdout).unwrap(), script);
     assert!(script.contains("CREATE TABLE IF NOT EXISTS idempotency_keys"));
     let out = idem(&["migrate"]);
     assert_eq!(code(&out), 2, "{}", text(&out));
 
-    let stores = empty_stores(kind).await;
-    if let Kind::Sqlite = kind {
-        // A path that is not there is not created by a check.
-        let out = idem(&["migrate", "--check", "--store", &stores.orders]);
+    let stores = empty_stores::<DB>().await;
+    if let Some(path) = stores.orders.url().strip_prefix("sqlite://") {
+        // A file that is not there is not created by a check.
+        let out = idem(&["migrate", "--check", "--store", path]);
         assert_eq!(code(&out), 3, "{}", text(&out));
-        assert!(!PathBuf::from(&stores.orders).exists());
-        let out = idem(&["migrate", "--store", &stores.orders]);
+        assert!(!PathBuf::from(path).exists());
+        let out = idem(&["migrate", "--store", path]);
         assert_eq!(code(&out), 0, "{}", text(&out));
         assert!(text(&out).contains("applied"), "{}", text(&out));
-        let out = idem(&["migrate", "--check", "--store", &stores.orders]);
+        let out = idem(&["migrate", "--check", "--store", path]);
         assert_eq!(code(&out), 0, "{}", text(&out));
         assert!(text(&out).contains("up to date"));
         return;
     }
-    let expected = idem_runtime::migrations::migrator::<Postgres>()
-        .iter()
-        .count();
-    let out = idem(&["--json", "migrate", "--check", "--store", &stores.orders]);
+    let expected = idem_runtime::migrations::migrator::<DB>().iter().count();
+    let out = idem(&[
+        "--json",
+        "migrate",
+        "--check",
+        "--store",
+        stores.orders.url(),
+    ]);
     assert_eq!(code(&out), 1, "{}", text(&out));
     assert_eq!(json(&out)["pending"].as_array().unwrap().len(), expected);
-    let out = idem(&["migrate", "--store", &stores.orders]);
+    let out = idem(&["migrate", "--store", stores.orders.url()]);
     assert_eq!(code(&out), 0, "{}", text(&out));
-    let out = idem(&["--json", "migrate", "--check", "--store", &stores.orders]);
+    let out = idem(&[
+        "--json",
+        "migrate",
+        "--check",
+        "--store",
+        stores.orders.url(),
+    ]);
     assert_eq!(code(&out), 0, "{}", text(&out));
     assert!(json(&out)["pending"].as_array().unwrap().is_empty());
 }
 
-async fn inspect_answers_was_i_charged_twice(kind: Kind) {
-    let stores = checkout_stores(kind).await;
-    let orders = format!("orders={}", stores.orders);
-    let payments = format!("payments={}", stores.payments);
+async fn inspect_answers_was_i_charged_twice<DB: TestBackend>(
+    _store: impl AsyncFn(Policy) -> Harness<DB>,
+) {
+    let stores = checkout_stores::<DB>().await;
+    let orders = format!("orders={}", stores.orders.url());
+    let payments = format!("payments={}", stores.payments.url());
     let args = [
         "inspect",
         "--key",
@@ -281,15 +236,15 @@ async fn inspect_answers_was_i_charged_twice(kind: Kind) {
     assert!(!String::from_utf8_lossy(&out.stdout).contains(ORDER_KEY));
 }
 
-async fn inspect_flags_what_is_missing_or_running(kind: Kind) {
-    let stores = checkout_stores(kind).await;
-    let orders = format!("orders={}", stores.orders);
-    let payments = format!("payments={}", stores.payments);
+async fn inspect_flags_what_is_missing_or_running<DB: TestBackend>(
+    _store: impl AsyncFn(Policy) -> Harness<DB>,
+) {
+    let stores = checkout_stores::<DB>().await;
+    let orders = format!("orders={}", stores.orders.url());
+    let payments = format!("payments={}", stores.payments.url());
     // An order whose charge never reached payments, and whose own claim is still held.
-    let engine = AnyEngine::open(&stores.orders).await;
-    engine
-        .abandon(op("key-ord-2000", "place-order.v1", 10))
-        .await;
+    let engine = open::<DB>(&stores.orders).await;
+    abandon(&engine, op("key-ord-2000", "place-order.v1", 10)).await;
     let out = idem(&[
         "inspect",
         "--key",
@@ -326,13 +281,11 @@ async fn inspect_flags_what_is_missing_or_running(kind: Kind) {
     assert_eq!(code(&out), 2, "{}", text(&out));
 }
 
-async fn keys_list_show_delete(kind: Kind) {
-    let stores = checkout_stores(kind).await;
-    let store = stores.orders.as_str();
-    AnyEngine::open(store)
-        .await
-        .run(op("key-ord-1004", "place-order.v1", 990), "{}")
-        .await;
+async fn keys_list_show_delete<DB: TestBackend>(_store: impl AsyncFn(Policy) -> Harness<DB>) {
+    let stores = checkout_stores::<DB>().await;
+    let store = stores.orders.url();
+    let engine = open::<DB>(&stores.orders).await;
+    run(&engine, op("key-ord-1004", "place-order.v1", 990), "{}").await;
 
     let out = idem(&["--json", "keys", "list", "--store", store]);
     assert_eq!(code(&out), 0, "{}", text(&out));
@@ -378,21 +331,23 @@ async fn keys_list_show_delete(kind: Kind) {
     assert_eq!(json(&out)["records"].as_array().unwrap().len(), 1);
 }
 
-async fn purge_deletes_only_expired_records(kind: Kind) {
-    let stores = checkout_stores(kind).await;
-    let store = stores.orders.as_str();
-    let engine = AnyEngine::open(store).await;
+async fn purge_deletes_only_expired_records<DB: TestBackend>(
+    _store: impl AsyncFn(Policy) -> Harness<DB>,
+) {
+    let stores = checkout_stores::<DB>().await;
+    let store = stores.orders.url();
+    let engine = open::<DB>(&stores.orders).await;
     let short = Policy {
         retention: Duration::from_millis(1),
         ..Policy::default()
     };
     for i in 0..7 {
-        engine
-            .run(
-                op(&format!("gone-{i}"), "place-order.v1", i).with_policy(short),
-                "{}",
-            )
-            .await;
+        run(
+            &engine,
+            op(&format!("gone-{i}"), "place-order.v1", i).with_policy(short),
+            "{}",
+        )
+        .await;
     }
     tokio::time::sleep(Duration::from_millis(50)).await;
     let out = idem(&["--json", "purge", "--dry-run", "--store", store]);
@@ -409,10 +364,12 @@ async fn purge_deletes_only_expired_records(kind: Kind) {
     assert_eq!(code(&out), 2, "{}", text(&out));
 }
 
-async fn steps_flags_live_keys_of_undeclared_steps(kind: Kind) {
-    let stores = checkout_stores(kind).await;
-    let orders = format!("orders={}", stores.orders);
-    let payments = format!("payments={}", stores.payments);
+async fn steps_flags_live_keys_of_undeclared_steps<DB: TestBackend>(
+    _store: impl AsyncFn(Policy) -> Harness<DB>,
+) {
+    let stores = checkout_stores::<DB>().await;
+    let orders = format!("orders={}", stores.orders.url());
+    let payments = format!("payments={}", stores.payments.url());
     let out = idem(&["steps", "--store", &orders, "--store", &payments]);
     assert_eq!(code(&out), 0, "{}", text(&out));
     assert!(text(&out).contains("create-payment.v1"));

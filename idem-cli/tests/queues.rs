@@ -10,7 +10,7 @@ use std::process::{Command, Output};
 use idem_runtime::inbox::{Inbox, Message as Incoming, Verdict};
 use idem_runtime::outbox::{self, Delivered, InProcessSink, Message, Relay, SinkError};
 use idem_runtime::Backend;
-use idem_runtime::{test_support, Engine, IdempotencyKey, Operation, Problem, Scope, Step};
+use idem_runtime::{Engine, IdempotencyKey, Operation, Problem, Scope, Step};
 use serde_json::Value;
 use sqlx::{Postgres, Sqlite};
 
@@ -137,7 +137,7 @@ async fn locations(kind: &str) -> (Vec<tempfile::TempDir>, String, String) {
             (vec![dir], orders, ledger)
         }
         _ => {
-            let server = test_support::postgres();
+            let server = idem_test_support::postgres();
             (
                 Vec::new(),
                 server.fresh_database().await,

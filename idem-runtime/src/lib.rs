@@ -46,8 +46,6 @@ pub mod retention;
 pub mod scope;
 pub mod signature;
 pub mod store;
-#[cfg(feature = "test-support")]
-pub mod test_support;
 
 // The key and step modules live in idem-core, which idem-client shares.
 pub use idem_core::{key, step};

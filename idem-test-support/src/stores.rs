@@ -1,0 +1,25 @@
+//! The stores [`on_each_store!`](crate::on_each_store) runs a body on, each
+//! a harness constructor named like the test module it gets.
+
+use idem_runtime::{KeyLock, Policy};
+use sqlx::{Postgres, Sqlite};
+
+use crate::Harness;
+
+/// A harness on a fresh SQLite file.
+pub async fn sqlite(policy: Policy) -> Harness<Sqlite> {
+    Harness::new(policy).await
+}
+
+/// A harness on a fresh database of the test Postgres server.
+pub async fn postgres(policy: Policy) -> Harness<Postgres> {
+    Harness::new(policy).await
+}
+
+/// A harness on a fresh database of the test Postgres server whose claims
+/// hold their keys by row locks ([`KeyLock::Row`]).
+pub async fn postgres_row_lock(policy: Policy) -> Harness<Postgres> {
+    let h = postgres(policy).await;
+    let engine = h.engine.clone().with_key_lock(KeyLock::Row);
+    h.with_engine(engine)
+}
