@@ -36,7 +36,7 @@ use std::time::{Duration, Instant};
 use async_nats::jetstream::{self, consumer::pull, stream};
 use idem::faults::FaultPoint;
 use idem::inbox::nats::NatsInbox;
-use idem::inbox::{Consumer, Inbox, Message};
+use idem::inbox::{Consumer, Inbox, Incoming};
 use idem::outbox::nats::NatsSink;
 use idem::outbox::{self, Backoff, Relay};
 use idem::sqlx::{self, Sqlite, SqliteConnection};
@@ -119,7 +119,7 @@ async fn bill_order(
     tx: &mut SqliteConnection,
     consumer: Consumer,
     key: IdempotencyKey,
-    #[fingerprint] message: Message,
+    #[fingerprint] message: Incoming,
 ) -> Result<i64, Problem> {
     let event: OrderCreated = message.json().map_err(|error| {
         Problem::new(422, "Not an order event")
@@ -298,7 +298,7 @@ async fn demo(args: Args) -> Result<bool, Box<dyn std::error::Error>> {
     let runner = NatsInbox::new(inbox, js.clone(), consumer)
         .batch(16)
         .expires(Duration::from_millis(500));
-    let handler = async |inbox: &Inbox<Sqlite>, message: &Message| {
+    let handler = async |inbox: &Inbox<Sqlite>, message: &Incoming| {
         inbox
             .handle_idempotent(message, async |engine, consumer, key, message| {
                 bill_order(engine, consumer, key, message).await

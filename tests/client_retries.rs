@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use idem::policy::ClaimMode;
+use idem::ClaimMode;
 use idem::{Backend, Claim, ClaimGuard, Engine, Operation, Policy, Scope};
 use idem_client::reqwest_middleware::ClientWithMiddleware;
 use idem_client::{

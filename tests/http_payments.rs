@@ -11,7 +11,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use client::{HttpClient, Reply};
-use idem::policy::ClaimMode;
+use idem::ClaimMode;
 use idem::{Backend, Claim, ClaimGuard, Engine, IdempotencyKey, Operation, Policy, Scope};
 use idem_test_support::{example_binary, on_each_store, Harness, TestBackend, TestDb};
 use payments::{Config, PaymentRequest, Store, CREATE_PAYMENT};

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use async_nats::jetstream::{self, consumer::pull, consumer::PullConsumer, stream};
 use idem::inbox::nats::{BatchReport, NatsInbox};
-use idem::inbox::{Consumer, Inbox, Message, Verdict};
+use idem::inbox::{Consumer, Inbox, Incoming, Verdict};
 use idem::outbox::nats::NatsSink;
 use idem::outbox::{Delivered, OutgoingMessage, Sink};
 use idem::Backend;
@@ -90,7 +90,7 @@ async fn effects<DB: TestBackend + inbox_support::Effects>(h: &Harness<DB>, id: 
 /// The billing handler: one payment row per processed message.
 async fn bill<DB: TestBackend + inbox_support::Effects>(
     inbox: &Inbox<DB>,
-    message: &Message,
+    message: &Incoming,
 ) -> Verdict {
     inbox
         .handle(message, async |tx, message| {
@@ -109,7 +109,7 @@ async fn poll_until<DB, F>(
 ) -> BatchReport
 where
     DB: Backend,
-    F: AsyncFn(&Inbox<DB>, &Message) -> Verdict,
+    F: AsyncFn(&Inbox<DB>, &Incoming) -> Verdict,
 {
     let deadline = Instant::now() + limit;
     let mut total = BatchReport::default();
@@ -197,7 +197,7 @@ async fn child<DB: TestBackend + inbox_support::Effects>(mode: &str, store: &str
     } else {
         Some(FaultPoint::AfterCommit)
     });
-    let handler = async |inbox: &Inbox<DB>, message: &Message| {
+    let handler = async |inbox: &Inbox<DB>, message: &Incoming| {
         inbox
             .handle(message, async |tx, message| {
                 DB::insert_payment(tx, &message.id, 1).await?;
@@ -293,7 +293,7 @@ async fn concurrent_deliveries<DB: TestBackend + inbox_support::Effects>(h: Harn
     let (_stream, mut consumer) = stream_and_consumer(&js, Duration::from_secs(1)).await;
     publish(&js, "order-3", r#"{"order":3}"#).await;
 
-    let slow = async |inbox: &Inbox<DB>, message: &Message| {
+    let slow = async |inbox: &Inbox<DB>, message: &Incoming| {
         inbox
             .handle(message, async |tx, message| {
                 DB::insert_payment(tx, &message.id, 1).await?;
@@ -344,7 +344,7 @@ async fn poison_and_requeue<DB: TestBackend + inbox_support::Effects>(h: Harness
     let accept = Arc::new(AtomicBool::new(false));
     let handler = {
         let accept = accept.clone();
-        async move |inbox: &Inbox<DB>, message: &Message| {
+        async move |inbox: &Inbox<DB>, message: &Incoming| {
             let accept = accept.load(Ordering::SeqCst);
             inbox
                 .handle(message, async |tx, message| {
@@ -486,7 +486,7 @@ macro_rules! idempotent_handler {
             tx: &mut $conn,
             consumer: Consumer,
             key: IdempotencyKey,
-            #[fingerprint] message: Message,
+            #[fingerprint] message: Incoming,
         ) -> Result<String, Problem> {
             assert_eq!(consumer.name(), "billing");
             assert_eq!(key.as_str(), message.id);
@@ -507,7 +507,7 @@ async fn idempotent_macro_handler<DB: TestBackend + inbox_support::Effects, F>(
     h: Harness<DB>,
     handler: F,
 ) where
-    F: AsyncFn(&Inbox<DB>, &Message) -> Verdict,
+    F: AsyncFn(&Inbox<DB>, &Incoming) -> Verdict,
 {
     let server = nats_harness::single();
     let js = jetstream::new(nats_harness::connect(&[server.url()]).await);
@@ -588,7 +588,7 @@ mod sqlite {
     async fn idempotent_function_as_handler() {
         idempotent_macro_handler(
             idem_test_support::stores::sqlite(Policy::default()).await,
-            async |inbox: &Inbox<sqlx::Sqlite>, message: &Message| {
+            async |inbox: &Inbox<sqlx::Sqlite>, message: &Incoming| {
                 inbox
                     .handle_idempotent(message, async |engine, consumer, key, message| {
                         bill_sqlite(engine, consumer, key, message).await
@@ -641,7 +641,7 @@ mod postgres {
     async fn idempotent_function_as_handler() {
         idempotent_macro_handler(
             idem_test_support::stores::postgres(Policy::default()).await,
-            async |inbox: &Inbox<sqlx::Postgres>, message: &Message| {
+            async |inbox: &Inbox<sqlx::Postgres>, message: &Incoming| {
                 inbox
                     .handle_idempotent(message, async |engine, consumer, key, message| {
                         bill_postgres(engine, consumer, key, message).await

@@ -19,7 +19,7 @@ use axum::routing::post;
 use axum::Router;
 use client::{HttpClient, Reply};
 use idem::inbox::webhook::WebhookReceiver;
-use idem::inbox::{Consumer, Inbox, Message};
+use idem::inbox::{Consumer, Inbox, Incoming};
 use idem::signature::{unix_now, SigningSecret};
 use idem::{idempotent, IdempotencyKey, Policy, Problem};
 use idem_test_support::{Harness, TestBackend};
@@ -61,7 +61,7 @@ macro_rules! idempotent_hook {
             tx: &mut $conn,
             consumer: Consumer,
             key: IdempotencyKey,
-            #[fingerprint] message: Message,
+            #[fingerprint] message: Incoming,
         ) -> Result<String, Problem> {
             sqlx::query("INSERT INTO payments (tenant, amount) VALUES ($1, 1)")
                 .bind(key.as_str())

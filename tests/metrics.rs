@@ -8,7 +8,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use idem_runtime::inbox::{Inbox, Message as Incoming, Verdict};
+use idem_runtime::inbox::{Inbox, Incoming, Verdict};
 use idem_runtime::metrics::{
     CLAIMS, CLAIM_WAIT, HANDLER_DURATION, INBOX_MESSAGES, OUTBOX_DEAD, OUTBOX_OLDEST_PENDING,
     OUTBOX_PENDING, OUTBOX_PUBLISHED, OUTBOX_RELAY_LAG, PURGE_DURATION, PURGE_ROWS,

@@ -7,7 +7,7 @@
 
 use std::process::{Command, Output};
 
-use idem_runtime::inbox::{Inbox, Message as Incoming, Verdict};
+use idem_runtime::inbox::{Inbox, Incoming, Verdict};
 use idem_runtime::outbox::{self, Delivered, InProcessSink, Message, Relay, SinkError};
 use idem_runtime::Backend;
 use idem_runtime::{Engine, IdempotencyKey, Operation, Problem, Scope, Step};

@@ -115,7 +115,7 @@ mod retry_after;
 pub use error::{ClientError, RetryReason};
 pub use idem_core::header::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED};
 pub use idem_core::problem::types::IN_PROGRESS as IN_PROGRESS_PROBLEM;
-pub use idem_core::step::Step;
+pub use idem_core::Step;
 pub use idem_core::{child_key, IdempotencyKey, KeyError};
 pub use middleware::IdempotentRetry;
 pub use policy::{MissingKey, RetryPolicy};

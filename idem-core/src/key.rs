@@ -6,7 +6,7 @@ use std::str::FromStr;
 /// The longest key accepted, in bytes.
 ///
 /// ```
-/// use idem_core::{key::MAX_KEY_LEN, IdempotencyKey};
+/// use idem_core::{IdempotencyKey, MAX_KEY_LEN};
 /// assert!(IdempotencyKey::new("k".repeat(MAX_KEY_LEN)).is_ok());
 /// assert!(IdempotencyKey::new("k".repeat(MAX_KEY_LEN + 1)).is_err());
 /// ```

@@ -31,9 +31,9 @@ pub mod __private;
 pub mod extract;
 pub mod header;
 mod hex;
-pub mod key;
+mod key;
 pub mod problem;
-pub mod step;
+mod step;
 
-pub use key::{IdempotencyKey, KeyError};
+pub use key::{IdempotencyKey, KeyError, MAX_KEY_LEN};
 pub use step::{check_step_name, child_key, Step, StepNameError};

@@ -38,7 +38,7 @@ pub enum StepNameError {
 /// is how the macros check step names at compile time.
 ///
 /// ```
-/// use idem_core::step::check_step_name;
+/// use idem_core::check_step_name;
 /// assert!(check_step_name("charge-card.v1").is_ok());
 /// assert!(check_step_name("charge-card").is_err());
 /// assert!(check_step_name("Charge.v1").is_err());
@@ -115,7 +115,7 @@ pub fn child_key(parent: &str, step: &str) -> String {
 /// name at compile time and registers the declaration.
 ///
 /// ```
-/// use idem_core::step::Step;
+/// use idem_core::Step;
 /// const CHARGE: Step = Step::new("charge-card.v1");
 /// assert_eq!(CHARGE.name(), "charge-card.v1");
 /// ```
@@ -129,12 +129,12 @@ impl Step {
     /// name has the form `name.vN`.
     ///
     /// ```
-    /// use idem_core::step::Step;
+    /// use idem_core::Step;
     /// const CHARGE: Step = Step::new("charge-card.v1");
     /// ```
     ///
     /// ```compile_fail
-    /// use idem_core::step::Step;
+    /// use idem_core::Step;
     /// const BAD: Step = Step::new("Charge Card");
     /// ```
     pub const fn new(name: &'static str) -> Self {
@@ -168,7 +168,7 @@ impl IdempotencyKey {
     /// would silently change.
     ///
     /// ```
-    /// use idem_core::{child_key, step::Step, IdempotencyKey};
+    /// use idem_core::{child_key, IdempotencyKey, Step};
     /// const SEND_RECEIPT: Step = Step::new("send-receipt.v1");
     /// let key = IdempotencyKey::new("order-8812").unwrap();
     /// assert_eq!(key.child(SEND_RECEIPT).as_str(), child_key("order-8812", "send-receipt.v1"));

@@ -1,7 +1,7 @@
 //! The runtime's rules that the macros apply at compile time, so their errors
 //! point at the user's tokens. Each mirrors one rule of `idem-runtime`:
 //!
-//! - [`check_step_name`]: `idem_runtime::step::check_step_name`, the `name.vN`
+//! - [`check_step_name`]: `idem_runtime::check_step_name`, the `name.vN`
 //!   form of a step name (here with messages that say how to fix it);
 //! - [`label`]: `idem_runtime::fingerprint::Label::new`, the 32-bit FNV-1a hash
 //!   of a field name that the fingerprint encoding writes;

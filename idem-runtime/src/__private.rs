@@ -13,15 +13,15 @@ pub use tracing::Instrument;
 use crate::engine::{Answer, Engine};
 use crate::error::IdemError;
 pub use crate::fingerprint::{fingerprint, Fingerprint, FingerprintHasher, Label};
-use crate::key::IdempotencyKey;
 pub use crate::operation::Operation;
 use crate::outcome::{ErrorStatus, Outcome, ReplayError, StoredResponse};
 use crate::policy::Policy;
 pub use crate::policy::{ClaimMode, FailureMode};
 pub use crate::registry::{Location, StepDeclaration, StepUse};
 use crate::scope::{Scope, ScopePart};
-use crate::step::Step;
 use crate::store::Backend;
+use crate::IdempotencyKey;
+use crate::Step;
 
 /// Maps the connection type of an `#[idempotent]` function's transaction
 /// parameter to its database.

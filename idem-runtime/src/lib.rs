@@ -26,8 +26,8 @@
 #[doc(hidden)]
 pub mod __private;
 pub mod admin;
-pub mod engine;
-pub mod error;
+mod engine;
+mod error;
 pub mod faults;
 pub mod fingerprint;
 #[cfg(feature = "axum")]
@@ -35,33 +35,31 @@ pub mod http;
 pub mod inbox;
 pub mod metrics;
 pub mod migrations;
-pub mod operation;
+mod operation;
 pub mod outbox;
-pub mod outcome;
-pub mod policy;
-pub mod problem;
+mod outcome;
+mod policy;
+mod problem;
 pub mod registry;
-pub mod replay_cache;
-pub mod retention;
-pub mod scope;
+mod replay_cache;
+mod retention;
+mod scope;
 pub mod signature;
 pub mod store;
-
-// The key and step modules live in idem-core, which idem-client shares.
-pub use idem_core::{key, step};
 
 pub use engine::{Answer, Claim, ClaimGuard, Engine, Replay, Stats, Via};
 pub use error::IdemError;
 pub use fingerprint::{fingerprint, Fingerprint, FingerprintHasher, Label, RequestHash};
-pub use key::{IdempotencyKey, KeyError};
+// The key and step types live in idem-core, which idem-client shares.
+pub use idem_core::{check_step_name, child_key, Step, StepNameError};
+pub use idem_core::{IdempotencyKey, KeyError, MAX_KEY_LEN};
 pub use operation::Operation;
 pub use outcome::{ErrorStatus, Outcome, ReplayError, StoredResponse, StoredStatuses};
 pub use policy::{ClaimMode, FailureMode, Policy};
-pub use problem::Problem;
+pub use problem::{Problem, ABOUT_BLANK};
 pub use replay_cache::ReplayCache;
 pub use retention::Purger;
 pub use scope::{Scope, ScopePart};
-pub use step::{check_step_name, child_key, Step, StepNameError};
 #[cfg(feature = "postgres")]
 pub use store::postgres::KeyLock;
 pub use store::Backend;

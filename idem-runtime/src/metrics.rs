@@ -170,7 +170,7 @@ pub fn outbox_pending(pending: u64, oldest: Duration) {
 
 /// The result of one outbox delivery attempt: the `result` label of [`OUTBOX_PUBLISHED`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Delivery {
+pub enum PublishResult {
     /// The sink accepted the message.
     Ok,
     /// The attempt failed; the message is retried later.
@@ -179,13 +179,13 @@ pub enum Delivery {
     Dead,
 }
 
-impl Delivery {
+impl PublishResult {
     /// The label value.
     pub fn as_str(self) -> &'static str {
         match self {
-            Delivery::Ok => "ok",
-            Delivery::Retry => "retry",
-            Delivery::Dead => "dead",
+            PublishResult::Ok => "ok",
+            PublishResult::Retry => "retry",
+            PublishResult::Dead => "dead",
         }
     }
 }
@@ -194,13 +194,13 @@ impl Delivery {
 /// each sink, not a URL). A dead message also counts in [`OUTBOX_DEAD`].
 ///
 /// ```
-/// use idem_runtime::metrics::{outbox_published, Delivery};
-/// outbox_published("webhooks", Delivery::Ok);
+/// use idem_runtime::metrics::{outbox_published, PublishResult};
+/// outbox_published("webhooks", PublishResult::Ok);
 /// ```
-pub fn outbox_published(sink: &str, result: Delivery) {
+pub fn outbox_published(sink: &str, result: PublishResult) {
     metrics::counter!(OUTBOX_PUBLISHED, "sink" => sink.to_owned(), "result" => result.as_str())
         .increment(1);
-    if result == Delivery::Dead {
+    if result == PublishResult::Dead {
         outbox_dead(sink);
     }
 }

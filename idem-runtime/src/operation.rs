@@ -1,9 +1,9 @@
 //! One keyed unit of work: who asks, with which key, for which step, with what request.
 
 use crate::fingerprint::{fingerprint, Fingerprint, RequestHash};
-use crate::key::IdempotencyKey;
 use crate::policy::Policy;
 use crate::scope::Scope;
+use crate::IdempotencyKey;
 
 /// Everything the engine needs to claim a key.
 ///

@@ -161,7 +161,7 @@ pub trait ErrorStatus: Serialize + DeserializeOwned {
 }
 
 /// The status a stored success carries.
-pub const SUCCESS_STATUS: u16 = 200;
+pub(crate) const SUCCESS_STATUS: u16 = 200;
 const JSON: &str = "application/json";
 
 impl<T, E> Outcome for Result<T, E>

@@ -20,8 +20,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
+use crate::check_step_name;
 use crate::engine::Engine;
-use crate::step::check_step_name;
 use crate::store::Backend;
 
 /// Where something was written in the source.

@@ -39,9 +39,9 @@ use axum::extract::{FromRequestParts, RawPathParams};
 use axum::http::request::Parts;
 
 use super::trace::record_rejected;
-use crate::key::IdempotencyKey;
 use crate::problem::Problem;
 use crate::scope::ScopePart;
+use crate::IdempotencyKey;
 
 /// Names the request header a [`HeaderScope`] reads.
 pub trait ScopeHeaderName {

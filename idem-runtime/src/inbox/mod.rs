@@ -22,7 +22,7 @@
 //! the message back for another try.
 //!
 //! ```no_run
-//! use idem_runtime::inbox::{Inbox, Message, Verdict};
+//! use idem_runtime::inbox::{Inbox, Incoming, Verdict};
 //! use idem_runtime::{Engine, Problem};
 //! use sqlx::Sqlite;
 //!
@@ -31,7 +31,7 @@
 //! engine.migrate().await?;
 //! let inbox = Inbox::new(engine, "billing", "bill-order.v1")?;
 //!
-//! let message = Message::new("order-8812-created", br#"{"order":8812}"#.to_vec());
+//! let message = Incoming::new("order-8812-created", br#"{"order":8812}"#.to_vec());
 //! let verdict = inbox
 //!     .handle(&message, async |tx, message| {
 //!         sqlx::query("INSERT INTO invoices (body) VALUES (?)")
@@ -54,16 +54,16 @@ use serde::Serialize;
 use sqlx::Pool;
 use tracing::Instrument;
 
+use crate::check_step_name;
 use crate::engine::{Answer, Engine, Via};
 use crate::error::IdemError;
 use crate::fingerprint::{Fingerprint, FingerprintHasher};
-use crate::key::IdempotencyKey;
 use crate::metrics::{self, InboxResult};
 use crate::operation::Operation;
 use crate::outcome::{ErrorStatus, Outcome, StoredResponse};
 use crate::policy::Policy;
 use crate::scope::{Scope, ScopePart};
-use crate::step::check_step_name;
+use crate::IdempotencyKey;
 
 #[cfg(feature = "nats")]
 pub mod nats;
@@ -127,14 +127,14 @@ impl ScopePart for Consumer {
 ///
 /// ```
 /// use idem_runtime::fingerprint;
-/// use idem_runtime::inbox::Message;
+/// use idem_runtime::inbox::Incoming;
 ///
-/// let first = Message::new("m-1", b"{}".to_vec()).source("orders.created").deliveries(1);
-/// let again = Message::new("m-1", b"{}".to_vec()).source("orders.created").deliveries(2);
+/// let first = Incoming::new("m-1", b"{}".to_vec()).source("orders.created").deliveries(1);
+/// let again = Incoming::new("m-1", b"{}".to_vec()).source("orders.created").deliveries(2);
 /// assert_eq!(fingerprint("bill.v1", &first), fingerprint("bill.v1", &again));
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Message {
+pub struct Incoming {
     /// The publisher's message id: the inbox's key.
     pub id: String,
     /// The payload.
@@ -147,7 +147,7 @@ pub struct Message {
     pub deliveries: u32,
 }
 
-impl Message {
+impl Incoming {
     /// A first delivery of `payload` under the publisher's id `id`.
     pub fn new(id: impl Into<String>, payload: Vec<u8>) -> Self {
         Self {
@@ -183,7 +183,7 @@ impl Message {
     }
 }
 
-impl Fingerprint for Message {
+impl Fingerprint for Incoming {
     fn fingerprint(&self, hasher: &mut FingerprintHasher) {
         hasher.write_bytes(&self.payload);
     }
@@ -359,7 +359,7 @@ impl<DB: Backend> Inbox<DB> {
 
     /// The claim for `message`: scope `inbox/<consumer>`, key the message id,
     /// fingerprint the payload.
-    pub fn operation(&self, message: &Message) -> Result<Operation, crate::key::KeyError> {
+    pub fn operation(&self, message: &Incoming) -> Result<Operation, crate::KeyError> {
         let key = IdempotencyKey::new(message.id.clone())?;
         Ok(Operation::new(self.consumer.scope(), key, self.step, message).with_policy(self.policy))
     }
@@ -372,11 +372,11 @@ impl<DB: Backend> Inbox<DB> {
     /// the message is [`Verdict::Poisoned`]); 500 and above is transient
     /// (rolled back, [`Verdict::Retry`], poisoned once the message has had
     /// [`Inbox::max_deliveries`] deliveries).
-    pub async fn handle<T, E, F>(&self, message: &Message, work: F) -> Verdict
+    pub async fn handle<T, E, F>(&self, message: &Incoming, work: F) -> Verdict
     where
         T: Serialize + DeserializeOwned + Send,
         E: ErrorStatus + Send,
-        F: AsyncFnOnce(&mut DB::Connection, &Message) -> Result<T, E>,
+        F: AsyncFnOnce(&mut DB::Connection, &Incoming) -> Result<T, E>,
     {
         let op = match self.operation(message) {
             Ok(op) => op,
@@ -418,19 +418,19 @@ impl<DB: Backend> Inbox<DB> {
     /// overlapping delivery is turned away quickly as [`Verdict::Busy`].
     ///
     /// ```no_run
-    /// use idem_runtime::inbox::{Consumer, Inbox, Message};
+    /// use idem_runtime::inbox::{Consumer, Inbox, Incoming};
     /// use idem_runtime::{Answer, Engine, IdemError, IdempotencyKey, Problem};
     /// use sqlx::Sqlite;
     ///
     /// // What `#[idempotent(scope = "consumer", step = "bill-order.v1")]` generates
-    /// // for `async fn bill(tx, consumer: Consumer, key: IdempotencyKey, #[fingerprint] message: Message)`.
-    /// async fn bill(engine: &Engine<Sqlite>, consumer: Consumer, key: IdempotencyKey, message: Message)
+    /// // for `async fn bill(tx, consumer: Consumer, key: IdempotencyKey, #[fingerprint] message: Incoming)`.
+    /// async fn bill(engine: &Engine<Sqlite>, consumer: Consumer, key: IdempotencyKey, message: Incoming)
     ///     -> Result<Answer<Result<(), Problem>>, IdemError>
     /// {
     ///     # unimplemented!()
     /// }
     ///
-    /// # async fn demo(inbox: Inbox<Sqlite>, message: Message) {
+    /// # async fn demo(inbox: Inbox<Sqlite>, message: Incoming) {
     /// let verdict = inbox
     ///     .handle_idempotent(&message, async |engine, consumer, key, message| {
     ///         bill(engine, consumer, key, message).await
@@ -438,7 +438,7 @@ impl<DB: Backend> Inbox<DB> {
     ///     .await;
     /// # }
     /// ```
-    pub async fn handle_idempotent<T, E, F>(&self, message: &Message, call: F) -> Verdict
+    pub async fn handle_idempotent<T, E, F>(&self, message: &Incoming, call: F) -> Verdict
     where
         T: Serialize + DeserializeOwned + Send,
         E: ErrorStatus + Send,
@@ -446,7 +446,7 @@ impl<DB: Backend> Inbox<DB> {
             &Engine<DB>,
             Consumer,
             IdempotencyKey,
-            Message,
+            Incoming,
         ) -> Result<Answer<Result<T, E>>, IdemError>,
     {
         let op = match self.operation(message) {
@@ -474,7 +474,7 @@ impl<DB: Backend> Inbox<DB> {
 
     async fn judge<T, E>(
         &self,
-        message: &Message,
+        message: &Incoming,
         op: &Operation,
         done: Result<Answer<Result<T, E>>, IdemError>,
     ) -> Verdict
@@ -526,7 +526,7 @@ impl<DB: Backend> Inbox<DB> {
         }
     }
 
-    async fn transient(&self, message: &Message, op: &Operation, error: String) -> Verdict {
+    async fn transient(&self, message: &Incoming, op: &Operation, error: String) -> Verdict {
         if message.deliveries < self.max_deliveries {
             return Verdict::Retry {
                 error,
@@ -554,7 +554,7 @@ impl<DB: Backend> Inbox<DB> {
     /// cannot run until requeued). Transports call it for a message they
     /// cannot hand to [`Inbox::handle`] at all, or after a
     /// [`Verdict::Mismatch`].
-    pub async fn poison(&self, message: &Message, error: &str) -> Verdict {
+    pub async fn poison(&self, message: &Incoming, error: &str) -> Verdict {
         let op = self.operation(message).ok();
         match self.write_poison(message, error, op.as_ref()).await {
             Ok(()) => Verdict::Poisoned {
@@ -570,7 +570,7 @@ impl<DB: Backend> Inbox<DB> {
 
     async fn write_poison(
         &self,
-        message: &Message,
+        message: &Incoming,
         error: &str,
         reject: Option<&Operation>,
     ) -> Result<(), sqlx::Error> {
@@ -713,16 +713,16 @@ mod tests {
     #[tokio::test]
     async fn the_claim_is_scoped_keyed_and_fingerprinted_by_the_message() {
         let inbox = inbox().await;
-        let message = Message::new("m-1", b"{}".to_vec()).deliveries(3);
+        let message = Incoming::new("m-1", b"{}".to_vec()).deliveries(3);
         let op = inbox.operation(&message).expect("valid id");
         assert_eq!(op.scope().as_stored(), "13:inbox/billing");
         assert_eq!(op.key().as_str(), "m-1");
         assert_eq!(op.step(), "bill.v1");
-        let other = Message::new("m-1", b"[]".to_vec());
+        let other = Incoming::new("m-1", b"[]".to_vec());
         assert_ne!(
             op.fingerprint(),
             inbox.operation(&other).expect("valid id").fingerprint()
         );
-        assert!(inbox.operation(&Message::new("m 1", Vec::new())).is_err());
+        assert!(inbox.operation(&Incoming::new("m 1", Vec::new())).is_err());
     }
 }

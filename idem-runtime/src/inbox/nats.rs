@@ -29,7 +29,7 @@ use async_nats::jetstream::AckKind;
 use bytes::Bytes;
 use futures_util::StreamExt;
 
-use super::{Inbox, InboxError, Message, PoisonMessage, Verdict};
+use super::{Inbox, InboxError, Incoming, PoisonMessage, Verdict};
 use crate::faults::{abort_at, FaultPoint};
 use crate::store::Backend;
 
@@ -189,7 +189,7 @@ impl<DB: Backend> NatsInbox<DB> {
         shutdown: impl Future<Output = ()>,
     ) -> Result<(), NatsInboxError>
     where
-        F: AsyncFn(&Inbox<DB>, &Message) -> Verdict,
+        F: AsyncFn(&Inbox<DB>, &Incoming) -> Verdict,
     {
         let mut shutdown = std::pin::pin!(shutdown);
         loop {
@@ -204,7 +204,7 @@ impl<DB: Backend> NatsInbox<DB> {
     /// Fetches and handles batches until the consumer fails.
     pub async fn run<F>(&self, handler: F) -> Result<(), NatsInboxError>
     where
-        F: AsyncFn(&Inbox<DB>, &Message) -> Verdict,
+        F: AsyncFn(&Inbox<DB>, &Incoming) -> Verdict,
     {
         self.run_until(handler, std::future::pending()).await
     }
@@ -213,7 +213,7 @@ impl<DB: Backend> NatsInbox<DB> {
     /// each message, one at a time.
     pub async fn poll<F>(&self, handler: &F) -> Result<BatchReport, NatsInboxError>
     where
-        F: AsyncFn(&Inbox<DB>, &Message) -> Verdict,
+        F: AsyncFn(&Inbox<DB>, &Incoming) -> Verdict,
     {
         let mut messages = self
             .consumer
@@ -239,12 +239,12 @@ impl<DB: Backend> NatsInbox<DB> {
         handler: &F,
     ) -> Result<Verdict, NatsInboxError>
     where
-        F: AsyncFn(&Inbox<DB>, &Message) -> Verdict,
+        F: AsyncFn(&Inbox<DB>, &Incoming) -> Verdict,
     {
         let message = message_of(&delivery);
         let verdict = if message.id.is_empty() {
             let seq = message.source_seq.unwrap_or(0);
-            let unkeyed = Message {
+            let unkeyed = Incoming {
                 id: format!("stream-seq-{seq}"),
                 ..message.clone()
             };
@@ -324,7 +324,7 @@ impl<DB: Backend> NatsInbox<DB> {
 /// The inbox's view of a JetStream delivery: id from `Idem-Msg-Id` or
 /// `Nats-Msg-Id` (empty if neither is set), payload, subject, stream
 /// sequence and delivery count.
-pub fn message_of(delivery: &async_nats::jetstream::Message) -> Message {
+pub fn message_of(delivery: &async_nats::jetstream::Message) -> Incoming {
     let header = |name: &str| {
         delivery
             .headers
@@ -336,7 +336,8 @@ pub fn message_of(delivery: &async_nats::jetstream::Message) -> Message {
     let id = header(MESSAGE_ID_HEADER)
         .or_else(|| header(NATS_MSG_ID_HEADER))
         .unwrap_or_default();
-    let mut message = Message::new(id, delivery.payload.to_vec()).source(delivery.subject.as_str());
+    let mut message =
+        Incoming::new(id, delivery.payload.to_vec()).source(delivery.subject.as_str());
     if let Ok(info) = delivery.info() {
         message = message
             .source_seq(info.stream_sequence)

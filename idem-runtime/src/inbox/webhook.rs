@@ -24,18 +24,18 @@ use axum::response::{IntoResponse, Response};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use super::{Consumer, Inbox, Message, Verdict};
+use super::{Consumer, Inbox, Incoming, Verdict};
 use crate::engine::{Answer, Engine};
 use crate::error::IdemError;
 use crate::http::problem::{sentence, types, with_retry_after};
 use crate::http::IDEMPOTENT_REPLAYED;
-use crate::key::IdempotencyKey;
 use crate::outcome::{ErrorStatus, StoredResponse};
 use crate::problem::Problem;
 use crate::signature::{
     unix_now, SignatureError, SigningSecret, ID_HEADER, SIGNATURE_HEADER, TIMESTAMP_HEADER,
 };
 use crate::store::Backend;
+use crate::IdempotencyKey;
 
 /// The problem type of a refused signature.
 pub const BAD_SIGNATURE: &str = crate::http::problem::problem_type!("webhook-signature");
@@ -111,7 +111,7 @@ impl<DB: Backend> WebhookReceiver<DB> {
 
     /// Checks the request's signature and builds the inbox's message (key:
     /// `webhook-id`, payload: the body), or the 401 to answer.
-    pub fn verify(&self, headers: &HeaderMap, body: &[u8]) -> Result<Message, Box<Response>> {
+    pub fn verify(&self, headers: &HeaderMap, body: &[u8]) -> Result<Incoming, Box<Response>> {
         let text = |name: &'static str| {
             headers
                 .get(name)
@@ -136,7 +136,7 @@ impl<DB: Backend> WebhookReceiver<DB> {
             outcome.map(|()| id.to_owned())
         })();
         match checked {
-            Ok(id) => Ok(Message::new(id, body.to_vec()).source(self.inbox.consumer().name())),
+            Ok(id) => Ok(Incoming::new(id, body.to_vec()).source(self.inbox.consumer().name())),
             Err(error) => Err(Box::new(
                 Problem::new(401, "Webhook signature refused")
                     .with_type(BAD_SIGNATURE)
@@ -154,7 +154,7 @@ impl<DB: Backend> WebhookReceiver<DB> {
     where
         T: Serialize + DeserializeOwned + Send,
         E: ErrorStatus + Send,
-        F: AsyncFnOnce(&mut DB::Connection, &Message) -> Result<T, E>,
+        F: AsyncFnOnce(&mut DB::Connection, &Incoming) -> Result<T, E>,
     {
         let message = match self.verify(headers, body) {
             Ok(message) => message,
@@ -178,7 +178,7 @@ impl<DB: Backend> WebhookReceiver<DB> {
             &Engine<DB>,
             Consumer,
             IdempotencyKey,
-            Message,
+            Incoming,
         ) -> Result<Answer<Result<T, E>>, IdemError>,
     {
         let message = match self.verify(headers, body) {

@@ -1,9 +1,9 @@
 //! The message a handler enqueues: where it goes, what it carries, its id.
 
 use super::error::OutboxError;
-use crate::key::IdempotencyKey;
 use crate::scope::Scope;
-use crate::step::Step;
+use crate::IdempotencyKey;
+use crate::Step;
 
 /// How many delivery attempts a message gets before it goes to `dead`,
 /// unless [`Message::max_attempts`] says otherwise.

@@ -41,10 +41,10 @@ use super::wake::{wake_relays, ENQUEUES, WAKE};
 use super::DEFAULT_MAX_ATTEMPTS;
 use crate::engine::Engine;
 use crate::faults::{abort_at, FaultPoint, ENABLED};
-use crate::key::IdempotencyKey;
-use crate::metrics::{self, Delivery};
+use crate::metrics::{self, PublishResult};
 use crate::store::outbox::{Claimed, Settlement};
 use crate::store::Backend;
+use crate::IdempotencyKey;
 
 /// How long a relay waits before retrying a transient failure: attempt `n`
 /// (from 1) waits a uniformly random time in `0..=min(cap, base · 2^(n-1))`
@@ -660,7 +660,7 @@ async fn publish_batch<DB: Backend>(
             relay,
             message,
             counter,
-            Delivery::Ok,
+            PublishResult::Ok,
             marked.contains(&message.row),
         );
     }
@@ -702,19 +702,19 @@ async fn settle<DB: Backend>(
         Ok(Delivered::Published { receipt }) => (
             Settlement::Sent { receipt },
             &counters.published,
-            Delivery::Ok,
+            PublishResult::Ok,
         ),
         Ok(Delivered::Duplicate { receipt }) => (
             Settlement::Sent { receipt },
             &counters.duplicates,
-            Delivery::Ok,
+            PublishResult::Ok,
         ),
         Err(SinkError::Permanent { message }) => {
             tracing::warn!(message_id = %id, attempt, error = %message, "outbox message is dead: permanent failure");
             (
                 Settlement::Dead { error: message },
                 &counters.dead,
-                Delivery::Dead,
+                PublishResult::Dead,
             )
         }
         Err(SinkError::Transient { message, .. }) if attempt >= claimed.max_attempts => {
@@ -724,7 +724,7 @@ async fn settle<DB: Backend>(
                     error: format!("{message} (after {attempt} attempts)"),
                 },
                 &counters.dead,
-                Delivery::Dead,
+                PublishResult::Dead,
             )
         }
         Err(SinkError::Transient {
@@ -742,7 +742,7 @@ async fn settle<DB: Backend>(
                     error: message,
                 },
                 &counters.retried,
-                Delivery::Retry,
+                PublishResult::Retry,
             )
         }
     };
@@ -756,7 +756,7 @@ fn record<DB: Backend>(
     relay: &Relay<DB>,
     claimed: &Claimed,
     counter: &AtomicU64,
-    delivery: Delivery,
+    delivery: PublishResult,
     settled: bool,
 ) {
     let counters = &*relay.counters;
@@ -765,7 +765,7 @@ fn record<DB: Backend>(
     if settled {
         counter.fetch_add(1, Ordering::Relaxed);
         metrics::outbox_published(&claimed.sink, delivery);
-        if delivery == Delivery::Ok {
+        if delivery == PublishResult::Ok {
             let now_ms = std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |now| now.as_millis() as i64);

@@ -5,7 +5,7 @@
 //! the inbox's poison rows. A backend is one folder, `store/<backend>/`, with
 //! a file for each of the three (`keys.rs`, `outbox.rs`, `inbox.rs`) and its
 //! connection options in `mod.rs`. The engine's logic lives in
-//! [`crate::engine`], the relay's in [`crate::outbox`], the consumer's in
+//! [`Engine`](crate::Engine), the relay's in [`crate::outbox`], the consumer's in
 //! [`crate::inbox`]: a backend only knows how to read and write the rows.
 //!
 //! Statements that are the same on every backend (`$1` placeholders work on
