@@ -308,6 +308,69 @@ pub struct KeyFilter {
     pub limit: u32,
 }
 
+/// The record writes that are the same on every backend but for the
+/// statements' text: expands to those methods of [`Keys`], calling the
+/// backend's own `INSERT_COMPLETED`, `UPSERT_COMPLETED`,
+/// `INSERT_COMPLETED_IF_ABSENT` and `bind_completed`.
+macro_rules! record_writes {
+    () => {
+        async fn lookup_unlocked<'a>(
+            conn: &'a mut Self::Connection,
+            op: &'a Operation,
+        ) -> Result<Option<Record>, sqlx::Error> {
+            crate::store::keys::lookup_unlocked::<Self>(conn, op).await
+        }
+
+        async fn write_completed<'a>(
+            conn: &'a mut Self::Connection,
+            op: &'a Operation,
+            response: &'a StoredResponse,
+            policy: &'a Policy,
+            replace: bool,
+        ) -> Result<(), sqlx::Error> {
+            let sql = if replace {
+                UPSERT_COMPLETED
+            } else {
+                INSERT_COMPLETED
+            };
+            bind_completed(sql, op, response, policy)
+                .execute(conn)
+                .await
+                .map(drop)
+        }
+
+        async fn write_completed_if_absent<'a>(
+            conn: &'a mut Self::Connection,
+            op: &'a Operation,
+            response: &'a StoredResponse,
+            retention: Duration,
+        ) -> Result<(), sqlx::Error> {
+            let policy = Policy::default().with_retention(retention);
+            bind_completed(INSERT_COMPLETED_IF_ABSENT, op, response, &policy)
+                .execute(conn)
+                .await
+                .map(drop)
+        }
+
+        async fn release_claim<'a>(
+            pool: &'a Pool<Self>,
+            op: &'a Operation,
+            token: i64,
+        ) -> Result<(), sqlx::Error> {
+            keyed(
+                "DELETE FROM idempotency_keys \
+                 WHERE scope = $1 AND key = $2 AND claim_token = $3 AND status = 'in_progress'",
+                op,
+            )
+            .bind(token)
+            .execute(pool)
+            .await?;
+            Ok(())
+        }
+    };
+}
+pub(crate) use record_writes;
+
 /// The operators' statements on the key table, the same on every backend
 /// but for the record's columns (`$columns`, with `$now`, the backend's
 /// clock in the columns' type): expands to those methods of [`Keys`].

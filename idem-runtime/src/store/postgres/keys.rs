@@ -14,8 +14,8 @@ use crate::operation::Operation;
 use crate::outcome::StoredResponse;
 use crate::policy::Policy;
 use crate::store::keys::{
-    encode_headers, key_administration, keyed, millis, response_from_columns, Fresh, KeyFilter,
-    KeyRecord, Keys, Locked, Record, RecordStatus, StepCount, BODY_EXCERPT,
+    encode_headers, key_administration, keyed, millis, record_writes, response_from_columns, Fresh,
+    KeyFilter, KeyRecord, Keys, Locked, Record, RecordStatus, StepCount, BODY_EXCERPT,
 };
 
 /// The record's read, shared by the two statements below.
@@ -351,44 +351,6 @@ impl Keys for Postgres {
         }
     }
 
-    async fn lookup_unlocked<'a>(
-        conn: &'a mut PgConnection,
-        op: &'a Operation,
-    ) -> Result<Option<Record>, sqlx::Error> {
-        crate::store::keys::lookup_unlocked::<Self>(conn, op).await
-    }
-
-    async fn write_completed<'a>(
-        conn: &'a mut PgConnection,
-        op: &'a Operation,
-        response: &'a StoredResponse,
-        policy: &'a Policy,
-        replace: bool,
-    ) -> Result<(), sqlx::Error> {
-        let sql = if replace {
-            UPSERT_COMPLETED
-        } else {
-            INSERT_COMPLETED
-        };
-        bind_completed(sql, op, response, policy)
-            .execute(conn)
-            .await
-            .map(drop)
-    }
-
-    async fn write_completed_if_absent<'a>(
-        conn: &'a mut PgConnection,
-        op: &'a Operation,
-        response: &'a StoredResponse,
-        retention: Duration,
-    ) -> Result<(), sqlx::Error> {
-        let policy = Policy::default().with_retention(retention);
-        bind_completed(INSERT_COMPLETED_IF_ABSENT, op, response, &policy)
-            .execute(conn)
-            .await
-            .map(drop)
-    }
-
     async fn commit_completed<'a>(
         mut tx: Transaction<'static, Self>,
         op: &'a Operation,
@@ -443,18 +405,6 @@ impl Keys for Postgres {
         Ok(done.rows_affected() == 1)
     }
 
-    async fn release_claim<'a>(
-        pool: &'a Pool<Self>,
-        op: &'a Operation,
-        token: i64,
-    ) -> Result<(), sqlx::Error> {
-        keyed("DELETE FROM idempotency_keys WHERE scope = $1 AND key = $2 AND claim_token = $3 AND status = 'in_progress'", op)
-            .bind(token)
-            .execute(pool)
-            .await?;
-        Ok(())
-    }
-
     async fn purge_batch(
         pool: &Pool<Self>,
         batch: u32,
@@ -496,6 +446,7 @@ impl Keys for Postgres {
         matches!(error, sqlx::Error::Database(db) if db.code().as_deref() == Some("55P03"))
     }
 
+    record_writes!();
     key_administration!(columns: admin_columns(), now: "now()");
 }
 

@@ -13,8 +13,8 @@ use crate::operation::Operation;
 use crate::outcome::StoredResponse;
 use crate::policy::Policy;
 use crate::store::keys::{
-    encode_headers, key_administration, keyed, millis, response_from_columns, KeyFilter, KeyRecord,
-    Keys, Locked, Record, RecordStatus, StepCount, BODY_EXCERPT,
+    encode_headers, key_administration, keyed, millis, record_writes, response_from_columns,
+    KeyFilter, KeyRecord, Keys, Locked, Record, RecordStatus, StepCount, BODY_EXCERPT,
 };
 
 const SELECT_RECORD: &str =
@@ -119,44 +119,6 @@ impl Keys for Sqlite {
         })
     }
 
-    async fn lookup_unlocked<'a>(
-        conn: &'a mut SqliteConnection,
-        op: &'a Operation,
-    ) -> Result<Option<Record>, sqlx::Error> {
-        crate::store::keys::lookup_unlocked::<Self>(conn, op).await
-    }
-
-    async fn write_completed<'a>(
-        conn: &'a mut SqliteConnection,
-        op: &'a Operation,
-        response: &'a StoredResponse,
-        policy: &'a Policy,
-        replace: bool,
-    ) -> Result<(), sqlx::Error> {
-        let sql = if replace {
-            UPSERT_COMPLETED
-        } else {
-            INSERT_COMPLETED
-        };
-        bind_completed(sql, op, response, policy)
-            .execute(conn)
-            .await
-            .map(drop)
-    }
-
-    async fn write_completed_if_absent<'a>(
-        conn: &'a mut SqliteConnection,
-        op: &'a Operation,
-        response: &'a StoredResponse,
-        retention: Duration,
-    ) -> Result<(), sqlx::Error> {
-        let policy = Policy::default().with_retention(retention);
-        bind_completed(INSERT_COMPLETED_IF_ABSENT, op, response, &policy)
-            .execute(conn)
-            .await
-            .map(drop)
-    }
-
     async fn write_in_progress<'a>(
         conn: &'a mut SqliteConnection,
         op: &'a Operation,
@@ -197,18 +159,6 @@ impl Keys for Sqlite {
         Ok(done.rows_affected() == 1)
     }
 
-    async fn release_claim<'a>(
-        pool: &'a Pool<Self>,
-        op: &'a Operation,
-        token: i64,
-    ) -> Result<(), sqlx::Error> {
-        keyed("DELETE FROM idempotency_keys WHERE scope = ?1 AND key = ?2 AND claim_token = ?3 AND status = 'in_progress'", op)
-            .bind(token)
-            .execute(pool)
-            .await?;
-        Ok(())
-    }
-
     async fn purge_batch(
         pool: &Pool<Self>,
         batch: u32,
@@ -245,6 +195,7 @@ impl Keys for Sqlite {
         matches!(code.map(|c| c & 0xff), Some(5 | 6))
     }
 
+    record_writes!();
     key_administration!(columns: admin_columns(), now: now_ms());
 }
 
