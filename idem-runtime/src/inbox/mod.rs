@@ -378,13 +378,9 @@ impl<DB: Backend> Inbox<DB> {
         E: ErrorStatus + Send,
         F: AsyncFnOnce(&mut DB::Connection, &Incoming) -> Result<T, E>,
     {
-        let op = match self.operation(message) {
+        let op = match self.operation_or_poison(message).await {
             Ok(op) => op,
-            Err(error) => {
-                return self
-                    .poison(message, &format!("message id is not a valid key: {error}"))
-                    .await
-            }
+            Err(verdict) => return verdict,
         };
         let span = self.span(&op);
         async {
@@ -449,13 +445,9 @@ impl<DB: Backend> Inbox<DB> {
             Incoming,
         ) -> Result<Answer<Result<T, E>>, IdemError>,
     {
-        let op = match self.operation(message) {
+        let op = match self.operation_or_poison(message).await {
             Ok(op) => op,
-            Err(error) => {
-                return self
-                    .poison(message, &format!("message id is not a valid key: {error}"))
-                    .await
-            }
+            Err(verdict) => return verdict,
         };
         let span = self.span(&op);
         async {
@@ -546,6 +538,17 @@ impl<DB: Backend> Inbox<DB> {
                 error: format!("{error}; recording it failed: {store}"),
                 retry_after: self.backoff_for(message.deliveries),
             },
+        }
+    }
+
+    /// The message's operation, or the message poisoned (its id is not a
+    /// valid key, so no delivery can ever succeed).
+    async fn operation_or_poison(&self, message: &Incoming) -> Result<Operation, Verdict> {
+        match self.operation(message) {
+            Ok(op) => Ok(op),
+            Err(error) => Err(self
+                .poison(message, &format!("message id is not a valid key: {error}"))
+                .await),
         }
     }
 
