@@ -21,3 +21,23 @@ pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
 /// assert_eq!(idem_core::header::IDEMPOTENT_REPLAYED, "idempotent-replayed");
 /// ```
 pub const IDEMPOTENT_REPLAYED: &str = "idempotent-replayed";
+
+/// The gRPC response metadata entry that tells a client how long to wait
+/// before its next attempt, in milliseconds (gRFC A6's retry pushback).
+/// idem sets it on an in-progress `ABORTED` (the lock's time left) and on an
+/// `UNAVAILABLE` store; a negative value means "do not retry".
+///
+/// ```
+/// assert_eq!(idem_core::header::GRPC_RETRY_PUSHBACK_MS, "grpc-retry-pushback-ms");
+/// ```
+pub const GRPC_RETRY_PUSHBACK_MS: &str = "grpc-retry-pushback-ms";
+
+/// The gRPC response metadata entry that names which of idem's answers a
+/// status is: the problem type URI the HTTP answer carries in its body
+/// ([`crate::problem::types`]). A client tells idem's in-progress `ABORTED`
+/// (retry with the same key) from any other `ABORTED` by it.
+///
+/// ```
+/// assert_eq!(idem_core::header::IDEMPOTENCY_PROBLEM, "idempotency-problem");
+/// ```
+pub const IDEMPOTENCY_PROBLEM: &str = "idempotency-problem";
