@@ -98,6 +98,12 @@ pub trait Ledger: Backend {
         tenant: &str,
         payment: &Payment,
     ) -> impl Future<Output = sqlx::Result<()>> + Send;
+    /// The tenant's payment `payment_id`, read inside the claim's transaction.
+    fn find(
+        conn: &mut Self::Connection,
+        tenant: &str,
+        payment_id: &str,
+    ) -> impl Future<Output = sqlx::Result<Option<Payment>>> + Send;
     /// The tenant's payments, oldest first.
     fn list(
         pool: &Pool<Self>,
@@ -138,6 +144,23 @@ macro_rules! ledger {
                 .execute(conn)
                 .await
                 .map(drop)
+            }
+
+            async fn find(conn: &mut Self::Connection, tenant: &str, payment_id: &str) -> sqlx::Result<Option<Payment>> {
+                let row: Option<(String, i64, String, String)> = sqlx::query_as(
+                    "SELECT payment_id, amount_cents, currency, destination FROM payments
+                     WHERE tenant_id = $1 AND payment_id = $2",
+                )
+                .bind(tenant)
+                .bind(payment_id)
+                .fetch_optional(conn)
+                .await?;
+                Ok(row.map(|(payment_id, amount_cents, currency, destination)| Payment {
+                    payment_id,
+                    amount_cents,
+                    currency,
+                    destination,
+                }))
             }
 
             async fn list(pool: &Pool<Self>, tenant: &str) -> sqlx::Result<Vec<Payment>> {
@@ -438,7 +461,7 @@ fn store_down() -> Problem {
 }
 
 /// A fresh, unique payment id: a random (v4) UUID.
-fn new_payment_id() -> String {
+pub fn new_payment_id() -> String {
     format!("pay_{}", uuid::Uuid::new_v4().simple())
 }
 

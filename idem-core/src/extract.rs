@@ -15,7 +15,7 @@ use axum_core::extract::{FromRequestParts, OptionalFromRequestParts};
 use axum_core::response::{IntoResponse, Response};
 use http::header::CONTENT_TYPE;
 use http::request::Parts;
-use http::{HeaderValue, StatusCode};
+use http::{HeaderMap, HeaderValue, StatusCode};
 
 use crate::header::IDEMPOTENCY_KEY;
 use crate::key::{IdempotencyKey, KeyError};
@@ -172,7 +172,24 @@ fn malformed(what: &str) -> KeyRejection {
 }
 
 fn from_parts(parts: &Parts) -> Result<Option<IdempotencyKey>, KeyRejection> {
-    let mut values = parts.headers.get_all(IDEMPOTENCY_KEY).iter();
+    key_from_headers(&parts.headers)
+}
+
+/// The key in `headers`' one `Idempotency-Key` entry, `None` without one;
+/// refused when it is sent twice or is malformed. gRPC metadata is a header
+/// map too (`tonic::metadata::MetadataMap::as_ref`).
+///
+/// ```
+/// use http::{HeaderMap, HeaderValue};
+/// use idem_core::extract::key_from_headers;
+///
+/// let mut headers = HeaderMap::new();
+/// assert_eq!(key_from_headers(&headers), Ok(None));
+/// headers.insert("idempotency-key", HeaderValue::from_static("k-1"));
+/// assert_eq!(key_from_headers(&headers).unwrap().unwrap().as_str(), "k-1");
+/// ```
+pub fn key_from_headers(headers: &HeaderMap) -> Result<Option<IdempotencyKey>, KeyRejection> {
+    let mut values = headers.get_all(IDEMPOTENCY_KEY).iter();
     let Some(value) = values.next() else {
         return Ok(None);
     };

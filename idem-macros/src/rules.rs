@@ -8,7 +8,10 @@
 //! - [`parse_millis`]: the attribute's durations (`"500ms"`, `"30s"`, `"15m"`,
 //!   `"24h"`, `"7d"`), which become the `Policy` durations of the operation;
 //! - [`NEVER_KEPT_HEADERS`], the response headers no handler may ask to
-//!   store: `idem_runtime::http::KeptHeaders::never_kept`.
+//!   store: `idem_runtime::http::KeptHeaders::never_kept`;
+//! - [`GRPC_CODES`] and [`GRPC_STORABLE_ON_REQUEST`], the gRPC status codes
+//!   by name and those a method may add to the stored set:
+//!   `idem_runtime::grpc::StoredCodes::STORABLE_ON_REQUEST`.
 //!
 //! The file depends on nothing but `std`: `tests/rules.rs` in the `idem`
 //! crate includes it and checks it against the runtime.
@@ -79,6 +82,36 @@ pub(crate) const NEVER_KEPT_HEADERS: &[&str] = &[
     "content-length",
     "content-type",
     "idempotent-replayed",
+];
+
+/// The gRPC status codes: the name the attribute takes (as the gRPC
+/// specification spells it) and `tonic::Code`'s variant.
+pub(crate) const GRPC_CODES: &[(&str, &str)] = &[
+    ("OK", "Ok"),
+    ("CANCELLED", "Cancelled"),
+    ("UNKNOWN", "Unknown"),
+    ("INVALID_ARGUMENT", "InvalidArgument"),
+    ("DEADLINE_EXCEEDED", "DeadlineExceeded"),
+    ("NOT_FOUND", "NotFound"),
+    ("ALREADY_EXISTS", "AlreadyExists"),
+    ("PERMISSION_DENIED", "PermissionDenied"),
+    ("RESOURCE_EXHAUSTED", "ResourceExhausted"),
+    ("FAILED_PRECONDITION", "FailedPrecondition"),
+    ("ABORTED", "Aborted"),
+    ("OUT_OF_RANGE", "OutOfRange"),
+    ("UNIMPLEMENTED", "Unimplemented"),
+    ("INTERNAL", "Internal"),
+    ("UNAVAILABLE", "Unavailable"),
+    ("DATA_LOSS", "DataLoss"),
+    ("UNAUTHENTICATED", "Unauthenticated"),
+];
+
+/// The codes `store = [...]` may add: not stored by default, and not transient.
+pub(crate) const GRPC_STORABLE_ON_REQUEST: &[&str] = &[
+    "PERMISSION_DENIED",
+    "UNAUTHENTICATED",
+    "RESOURCE_EXHAUSTED",
+    "UNIMPLEMENTED",
 ];
 
 #[cfg(test)]

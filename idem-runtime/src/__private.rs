@@ -252,3 +252,60 @@ pub mod http {
         }))
     }
 }
+
+/// The gRPC helpers `#[idempotent(grpc)]` calls.
+#[cfg(feature = "tonic")]
+pub mod grpc {
+    pub use tonic;
+    use tonic::{Response, Status};
+
+    pub use crate::grpc::{key_from_field, FromRequestMetadata, HasEngine, StoredCodes};
+    pub use crate::http::KeptHeaders;
+    use crate::outcome::{Outcome, ReplayError, StoredResponse};
+    use crate::{Answer, IdemError};
+
+    /// A method's answer in its stored form and whether its code is stored.
+    pub struct GrpcOutcome {
+        answer: StoredResponse,
+        store: bool,
+    }
+
+    impl Outcome for GrpcOutcome {
+        fn to_stored(&self) -> Option<StoredResponse> {
+            self.store.then(|| self.answer.clone())
+        }
+
+        fn from_stored(stored: StoredResponse) -> Result<Self, ReplayError> {
+            Ok(Self {
+                answer: stored,
+                store: true,
+            })
+        }
+    }
+
+    /// The method's answer in its stored form, with its metadata and code choices.
+    pub fn into_outcome<R: prost::Message>(
+        result: Result<Response<R>, Status>,
+        kept: KeptHeaders,
+        codes: StoredCodes,
+    ) -> GrpcOutcome {
+        let store = codes.stores(match &result {
+            Ok(_) => tonic::Code::Ok,
+            Err(status) => status.code(),
+        });
+        GrpcOutcome {
+            answer: crate::grpc::into_stored(result, kept),
+            store,
+        }
+    }
+
+    /// [`crate::grpc::respond`] for a [`GrpcOutcome`].
+    pub fn respond<R: prost::Message + Default>(
+        result: Result<Answer<GrpcOutcome>, IdemError>,
+    ) -> Result<Response<R>, Status> {
+        crate::grpc::respond(result.map(|answer| Answer {
+            value: answer.value.answer,
+            via: answer.via,
+        }))
+    }
+}

@@ -30,6 +30,8 @@ mod engine;
 mod error;
 pub mod faults;
 pub mod fingerprint;
+#[cfg(feature = "tonic")]
+pub mod grpc;
 #[cfg(feature = "axum")]
 pub mod http;
 pub mod inbox;

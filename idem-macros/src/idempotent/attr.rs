@@ -6,9 +6,11 @@ use syn::parse::ParseStream;
 use syn::{bracketed, Ident, LitStr, Path, Token};
 
 use crate::errors::Errors;
-use crate::rules::{check_step_name, parse_millis, NEVER_KEPT_HEADERS};
+use crate::rules::{
+    check_step_name, parse_millis, GRPC_CODES, GRPC_STORABLE_ON_REQUEST, NEVER_KEPT_HEADERS,
+};
 
-const EXPECTED: &str = "expected one of `scope`, `step`, `retain`, `lock_ttl`, `wait`, `timeout`, `fail_open`, `durable`, `http`, `headers`, `store`, `never_store`";
+const EXPECTED: &str = "expected one of `scope`, `step`, `retain`, `lock_ttl`, `wait`, `timeout`, `fail_open`, `durable`, `http`, `grpc`, `headers`, `metadata`, `key`, `store`, `never_store`";
 
 /// What the step argument names.
 pub(crate) enum StepArg {
@@ -36,13 +38,36 @@ pub(crate) struct Args {
     pub(crate) fail_open: bool,
     pub(crate) durable: bool,
     pub(crate) http: bool,
-    /// Response headers kept beyond the default set (`headers = ["set-cookie"]`),
-    /// lower-cased.
+    /// `grpc`: a method of a tonic service impl.
+    pub(crate) grpc: Option<Span>,
+    /// Response headers (`http`) or metadata entries (`grpc`) kept beyond
+    /// the default set (`headers = ["set-cookie"]`), lower-cased.
     pub(crate) headers: Option<(Span, Vec<String>)>,
-    /// 4xx statuses stored although the default does not (`store = [401]`).
-    pub(crate) store: (Option<Span>, Vec<u16>),
+    /// `key = request_id`: the request message's field that holds the key (AIP-155).
+    pub(crate) key_field: Option<Ident>,
+    /// Statuses stored although the default does not (`store = [401]`,
+    /// `store = [PERMISSION_DENIED]`).
+    pub(crate) store: (Option<Span>, Vec<Status>),
     /// Statuses never stored for this handler (`never_store = [404]`).
-    pub(crate) never_store: (Option<Span>, Vec<u16>),
+    pub(crate) never_store: (Option<Span>, Vec<Status>),
+}
+
+/// A status named in `store` or `never_store`: an HTTP status, or a gRPC
+/// code as `tonic::Code`'s variant.
+pub(crate) enum Status {
+    Http(u16),
+    Grpc(Ident),
+}
+
+impl quote::ToTokens for Status {
+    fn to_tokens(&self, tokens: &mut proc_macro2::TokenStream) {
+        match self {
+            Status::Http(status) => status.to_tokens(tokens),
+            Status::Grpc(variant) => {
+                quote::quote!(::idem::__private::grpc::tonic::Code::#variant).to_tokens(tokens)
+            }
+        }
+    }
 }
 
 impl Args {
@@ -61,6 +86,8 @@ impl Args {
 /// so they are reported together with the rest.
 pub(crate) fn parse(input: ParseStream<'_>, errors: &mut Errors) -> syn::Result<Args> {
     let mut args = Args::default();
+    let mut raw_store: [(Option<Span>, Vec<StatusItem>); 2] =
+        [(None, Vec::new()), (None, Vec::new())];
     let mut seen: Vec<String> = Vec::new();
     while !input.is_empty() {
         let name = Ident::parse_any(input)?;
@@ -88,13 +115,26 @@ pub(crate) fn parse(input: ParseStream<'_>, errors: &mut Errors) -> syn::Result<
             "fail_open" => args.fail_open = flag(input, &name)?,
             "durable" => args.durable = flag(input, &name)?,
             "http" => args.http = flag(input, &name)?,
-            "store" => args.store = (Some(name.span()), parse_statuses(input, errors, true)?),
-            "never_store" => {
-                args.never_store = (Some(name.span()), parse_statuses(input, errors, false)?)
+            "grpc" => {
+                flag(input, &name)?;
+                args.grpc = Some(name.span());
             }
-            "headers" => {
+            "store" => raw_store[0] = (Some(name.span()), parse_status_list(input, "store")?),
+            "never_store" => {
+                raw_store[1] = (Some(name.span()), parse_status_list(input, "never_store")?)
+            }
+            "headers" | "metadata" => {
                 input.parse::<Token![=]>()?;
-                args.headers = Some((name.span(), parse_headers(input, errors)?));
+                args.headers = Some((name.span(), parse_headers(input, errors, &key)?));
+            }
+            "key" => {
+                input.parse::<Token![=]>()?;
+                args.key_field = Some(input.parse().map_err(|e| {
+                    syn::Error::new(
+                        e.span(),
+                        "`key` names the request message's field that holds the key, e.g. `key = request_id`",
+                    )
+                })?);
             }
             _ => {
                 errors.push_at(name.span(), format!("unknown argument `{key}`; {EXPECTED}"));
@@ -110,20 +150,7 @@ pub(crate) fn parse(input: ParseStream<'_>, errors: &mut Errors) -> syn::Result<
         }
         input.parse::<Token![,]>()?;
     }
-    for span in [args.store.0, args.never_store.0].into_iter().flatten() {
-        if !args.http {
-            errors.push_at(
-                span,
-                "`store` and `never_store` choose the statuses `http` mode stores; add `http` (without it, the error type's `ErrorStatus::status` decides)",
-            );
-        }
-    }
-    if let (Some((span, _)), false) = (&args.headers, args.http) {
-        errors.push_at(
-            *span,
-            "`headers` chooses the response headers `http` mode stores; add `http`, or remove `headers`",
-        );
-    }
+    check_mode(&mut args, errors, raw_store);
     Ok(args)
 }
 
@@ -146,10 +173,15 @@ fn parse_scope(input: ParseStream<'_>) -> syn::Result<Vec<LitStr>> {
     }
 }
 
-fn parse_headers(input: ParseStream<'_>, errors: &mut Errors) -> syn::Result<Vec<String>> {
-    const FORM: &str = "`headers` takes header names to keep besides the default set, e.g. `headers = [\"set-cookie\"]`";
+fn parse_headers(
+    input: ParseStream<'_>,
+    errors: &mut Errors,
+    arg: &str,
+) -> syn::Result<Vec<String>> {
     if !input.peek(syn::token::Bracket) {
-        return Err(input.error(FORM));
+        return Err(input.error(format!(
+            "`{arg}` takes names to keep besides the default set, e.g. `{arg} = [\"x-ledger-entry\"]`"
+        )));
     }
     let content;
     bracketed!(content in input);
@@ -178,38 +210,146 @@ fn parse_headers(input: ParseStream<'_>, errors: &mut Errors) -> syn::Result<Vec
     Ok(kept)
 }
 
-fn parse_statuses(
-    input: ParseStream<'_>,
-    errors: &mut Errors,
-    storing: bool,
-) -> syn::Result<Vec<u16>> {
-    let form = if storing {
-        "`store` takes 4xx statuses to store besides the default set, e.g. `store = [401]`"
-    } else {
-        "`never_store` takes statuses this handler never stores, e.g. `never_store = [404]`"
-    };
+/// One entry of `store = [...]` or `never_store = [...]` as written.
+enum StatusItem {
+    Number(syn::LitInt),
+    Name(Ident),
+}
+
+fn parse_status_list(input: ParseStream<'_>, arg: &str) -> syn::Result<Vec<StatusItem>> {
     input.parse::<Token![=]>()?;
     if !input.peek(syn::token::Bracket) {
-        return Err(input.error(form));
+        return Err(input.error(format!(
+            "`{arg}` takes a list: HTTP statuses in `http` mode (`{arg} = [401]`), \
+             gRPC codes in `grpc` mode (`{arg} = [PERMISSION_DENIED]`)"
+        )));
     }
     let content;
     bracketed!(content in input);
-    let literals = content.parse_terminated(|p| p.parse::<syn::LitInt>(), Token![,])?;
-    let mut statuses = Vec::new();
-    for literal in literals {
-        match literal.base10_parse::<u16>() {
-            Ok(status) if storing && !(400..500).contains(&status) => errors.push_at(
-                literal.span(),
-                format!("`{status}` cannot be added to the stored statuses: only 4xx can (2xx and 3xx are stored, 5xx never)"),
-            ),
-            Ok(status) if !(100..600).contains(&status) => {
-                errors.push_at(literal.span(), format!("`{status}` is not an HTTP status"))
+    let items = content.parse_terminated(
+        |p| {
+            if p.peek(syn::LitInt) {
+                p.parse().map(StatusItem::Number)
+            } else {
+                p.parse().map(StatusItem::Name)
             }
-            Ok(status) => statuses.push(status),
-            Err(_) => errors.push_at(literal.span(), format!("`{literal}` is not an HTTP status")),
+        },
+        Token![,],
+    )?;
+    Ok(items.into_iter().collect())
+}
+
+/// The HTTP status an entry names, if it is a valid one for `arg`.
+fn http_status(item: &StatusItem, storing: bool, errors: &mut Errors) -> Option<u16> {
+    let literal = match item {
+        StatusItem::Number(literal) => literal,
+        StatusItem::Name(name) => {
+            errors.push_at(
+                name.span(),
+                format!(
+                    "`{name}` is a gRPC code; an `http` handler names HTTP statuses, e.g. `404`"
+                ),
+            );
+            return None;
         }
+    };
+    match literal.base10_parse::<u16>() {
+        Ok(status) if storing && !(400..500).contains(&status) => errors.push_at(
+            literal.span(),
+            format!("`{status}` cannot be added to the stored statuses: only 4xx can (2xx and 3xx are stored, 5xx never)"),
+        ),
+        Ok(status) if !(100..600).contains(&status) => {
+            errors.push_at(literal.span(), format!("`{status}` is not an HTTP status"))
+        }
+        Ok(status) => return Some(status),
+        Err(_) => errors.push_at(literal.span(), format!("`{literal}` is not an HTTP status")),
     }
-    Ok(statuses)
+    None
+}
+
+/// `tonic::Code`'s variant for an entry, if it is a valid one for `arg`.
+fn grpc_code(item: &StatusItem, storing: bool, errors: &mut Errors) -> Option<Ident> {
+    let name = match item {
+        StatusItem::Name(name) => name,
+        StatusItem::Number(literal) => {
+            errors.push_at(
+                literal.span(),
+                format!("`{literal}` is an HTTP status; a `grpc` method names gRPC codes, e.g. `NOT_FOUND`"),
+            );
+            return None;
+        }
+    };
+    let written = name.to_string();
+    let Some((_, variant)) = GRPC_CODES.iter().find(|(code, _)| *code == written) else {
+        errors.push_at(
+            name.span(),
+            format!("`{written}` is not a gRPC status code; write it as the gRPC specification does, e.g. `NOT_FOUND`, `PERMISSION_DENIED`"),
+        );
+        return None;
+    };
+    if storing && !GRPC_STORABLE_ON_REQUEST.contains(&written.as_str()) {
+        errors.push_at(
+            name.span(),
+            format!(
+                "`{written}` cannot be added to the stored codes: only {} can (OK and the deterministic errors are stored already, transient codes never)",
+                GRPC_STORABLE_ON_REQUEST.join(", ")
+            ),
+        );
+        return None;
+    }
+    Some(Ident::new(variant, name.span()))
+}
+
+/// The checks that depend on the mode (`http`, `grpc` or neither), once
+/// every argument is read: the statuses are turned into the mode's kind.
+fn check_mode(args: &mut Args, errors: &mut Errors, raw: [(Option<Span>, Vec<StatusItem>); 2]) {
+    if let (Some(grpc), true) = (args.grpc, args.http) {
+        errors.push_at(
+            grpc,
+            "`http` and `grpc` are two modes; give one: `http` on an axum handler, `grpc` on a method of a tonic service impl",
+        );
+    }
+    for (index, (span, items)) in raw.into_iter().enumerate() {
+        let storing = index == 0;
+        let Some(span) = span else { continue };
+        let statuses = if args.http {
+            items
+                .iter()
+                .filter_map(|item| http_status(item, storing, errors))
+                .map(Status::Http)
+                .collect()
+        } else if args.grpc.is_some() {
+            items
+                .iter()
+                .filter_map(|item| grpc_code(item, storing, errors))
+                .map(Status::Grpc)
+                .collect()
+        } else {
+            errors.push_at(
+                span,
+                "`store` and `never_store` choose the statuses `http` or `grpc` mode stores; add `http` or `grpc` (without either, the error type's `ErrorStatus::status` decides)",
+            );
+            Vec::new()
+        };
+        let slot = if storing {
+            &mut args.store
+        } else {
+            &mut args.never_store
+        };
+        *slot = (Some(span), statuses);
+    }
+    if let (Some((span, _)), false) = (&args.headers, args.http || args.grpc.is_some()) {
+        errors.push_at(
+            *span,
+            "`headers` (`metadata`) chooses the response headers `http` mode (metadata `grpc` mode) stores; add `http` or `grpc`, or remove it",
+        );
+    }
+    if let (Some(field), None) = (&args.key_field, args.grpc) {
+        errors.push_at(
+            field.span(),
+            "`key = <field>` takes the key from a gRPC request message's field; it needs `grpc` (an HTTP handler takes its key from the `Idempotency-Key` header)",
+        );
+    }
 }
 
 fn parse_step(input: ParseStream<'_>, errors: &mut Errors) -> syn::Result<StepArg> {

@@ -49,11 +49,7 @@ pub(crate) fn wrapper(args: &Args, function: &syn::ItemFn, analysis: Analysis) -
         ReturnType::Type(_, ty) => (**ty).clone(),
     };
     let signature = signature(args, function, &analysis, &locals, &user_ret);
-    // The step: a checked literal, or a declared `Step` constant.
-    let step_expr = match args.step.as_ref().expect("checked") {
-        StepArg::Literal(literal) => literal.to_token_stream(),
-        StepArg::Path(path) => quote_spanned!(path.span()=> ::idem::__private::step_name(#path)),
-    };
+    let step_expr = step_expr(args);
     let registration = registration(&step_expr, &function.sig.ident);
     let operation = operation(&analysis, &locals);
     let engine = &locals.engine;
@@ -165,8 +161,16 @@ fn json_checks(analysis: &Analysis) -> TokenStream {
         .collect()
 }
 
+/// The step: a checked literal, or a declared `Step` constant.
+pub(crate) fn step_expr(args: &Args) -> TokenStream {
+    match args.step.as_ref().expect("checked") {
+        StepArg::Literal(literal) => literal.to_token_stream(),
+        StepArg::Path(path) => quote_spanned!(path.span()=> ::idem::__private::step_name(#path)),
+    }
+}
+
 /// Registers the step's use by this function, for `idem::registry`.
-fn registration(step: &TokenStream, function: &Ident) -> TokenStream {
+pub(crate) fn registration(step: &TokenStream, function: &Ident) -> TokenStream {
     let function = function.to_string();
     quote! {
         ::idem::__private::inventory::submit! {
@@ -254,32 +258,7 @@ fn body(
         .as_ref()
         .expect("the transaction is a typed parameter");
     let (tx_pat, tx_ty) = (&tx.pat, &tx.ty);
-    let user_body = if mentions_impl(user_ret) {
-        block.to_token_stream()
-    } else {
-        // A fake return edge (as in `tracing`'s `#[instrument]`): the first
-        // `return` has the declared type, so the output is pinned before the
-        // body is checked; `?` and a mistyped tail are then reported on the
-        // user's lines, not on the wrapper.
-        let fake = Ident::new("__idem_fake_return", Span::mixed_site());
-        quote_spanned! {block.span()=>
-            {
-                #[allow(
-                    unknown_lints,
-                    unreachable_code,
-                    clippy::diverging_sub_expression,
-                    clippy::empty_loop,
-                    clippy::let_unit_value,
-                    clippy::needless_return
-                )]
-                if false {
-                    let #fake: #user_ret = loop {};
-                    return #fake;
-                }
-                #block
-            }
-        }
-    };
+    let user_body = pin_return(block, user_ret);
     // The work, spanned on the user's block.
     let work = if args.http {
         // The rendered response is what is stored; the user's block keeps its
@@ -316,6 +295,34 @@ fn body(
     }
 }
 
+/// The user's block, its output pinned to `user_ret` by a fake return edge
+/// (as in `tracing`'s `#[instrument]`): the first `return` has the declared
+/// type, so the output is known before the body is checked; `?` and a
+/// mistyped tail are then reported on the user's lines, not on the wrapper.
+pub(crate) fn pin_return(block: &syn::Block, user_ret: &Type) -> TokenStream {
+    if mentions_impl(user_ret) {
+        return block.to_token_stream();
+    }
+    let fake = Ident::new("__idem_fake_return", Span::mixed_site());
+    quote_spanned! {block.span()=>
+        {
+            #[allow(
+                unknown_lints,
+                unreachable_code,
+                clippy::diverging_sub_expression,
+                clippy::empty_loop,
+                clippy::let_unit_value,
+                clippy::needless_return
+            )]
+            if false {
+                let #fake: #user_ret = loop {};
+                return #fake;
+            }
+            #block
+        }
+    }
+}
+
 /// How the outcome is kept and replayed, named on the user's types so that
 /// one that cannot be stored is reported there.
 fn codec(args: &Args, user_ret: &Type) -> TokenStream {
@@ -346,7 +353,7 @@ fn codec(args: &Args, user_ret: &Type) -> TokenStream {
 }
 
 /// The engine's policy with the attribute's overrides, if it has any.
-fn policy(args: &Args, engine: &TokenStream) -> Option<TokenStream> {
+pub(crate) fn policy(args: &Args, engine: &TokenStream) -> Option<TokenStream> {
     if !args.overrides_policy() {
         return None;
     }
@@ -448,7 +455,7 @@ fn respan(ty: &Type, span: Span) -> TokenStream {
 }
 
 /// `T` in `Result<T, E>`, when the return type is spelled that way.
-fn result_success(ty: &Type) -> Option<&Type> {
+pub(crate) fn result_success(ty: &Type) -> Option<&Type> {
     let Type::Path(path) = peel(ty) else {
         return None;
     };

@@ -1,9 +1,13 @@
 //! `#[idempotent]`: parse the arguments (`attr`), read the function's
-//! parameters (`params`), generate the wrapper (`expand`).
+//! parameters (`params`), generate the wrapper (`expand`); a tonic service
+//! method (`grpc`) is read and wrapped by `grpc`, after `async_trait` undoes
+//! the rewriting `#[tonic::async_trait]` did first.
 
+mod async_trait;
 mod attr;
 mod expand;
 mod fallback;
+mod grpc;
 mod params;
 
 use proc_macro2::TokenStream;
@@ -32,6 +36,18 @@ pub(crate) fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
     )
     .map_err(|error| errors.push(error))
     .ok();
+    if args.as_ref().is_some_and(|args| args.grpc.is_some())
+        || names_mode(&raw_args, "grpc") && args.is_none()
+    {
+        async_trait::unbox(&mut function);
+        let analysis = args
+            .as_ref()
+            .and_then(|args| grpc::analyse(args, &function, &mut errors));
+        return match (errors.check(), args, analysis) {
+            (Ok(()), Some(args), Some(analysis)) => grpc::wrapper(&args, &function, analysis),
+            (reported, _, _) => grpc::stand_in(function, reported.err().unwrap_or_default()),
+        };
+    }
     let analysis = args
         .as_ref()
         .and_then(|args| params::analyse(args, &mut function, &mut errors));
@@ -39,17 +55,17 @@ pub(crate) fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
         (Ok(()), Some(args), Some(analysis)) => expand::wrapper(&args, &function, analysis),
         (reported, args, _) => {
             // Report everything, plus a stand-in with the wrapper's signature.
-            let http = args.map_or_else(|| names_http(&raw_args), |args| args.http);
+            let http = args.map_or_else(|| names_mode(&raw_args, "http"), |args| args.http);
             fallback::stand_in(http, function, reported.err().unwrap_or_default())
         }
     }
 }
 
-/// Whether unparsable arguments still say `http`.
-fn names_http(args: &TokenStream) -> bool {
+/// Whether unparsable arguments still name the `mode` (`http`, `grpc`).
+fn names_mode(args: &TokenStream, mode: &str) -> bool {
     args.clone()
         .into_iter()
-        .any(|token| matches!(token, proc_macro2::TokenTree::Ident(ident) if ident == "http"))
+        .any(|token| matches!(token, proc_macro2::TokenTree::Ident(ident) if ident == mode))
 }
 
 /// The span of the keyword that says what the item is (`struct`, `impl`, ...),

@@ -53,26 +53,8 @@ pub(crate) fn analyse(
     function: &mut syn::ItemFn,
     errors: &mut Errors,
 ) -> Option<Analysis> {
-    let sig = &function.sig;
-    let fn_name = sig.ident.to_string();
-    if sig.asyncness.is_none() {
-        errors.push(syn::Error::new(
-            sig.fn_token.span,
-            "`#[idempotent]` wraps an `async fn`: the claim and the commit are awaited around the body; write `async fn`",
-        ));
-    }
-    if args.scope.is_none() {
-        errors.push(missing(
-            "scope",
-            "scope = \"tenant_id\", step = \"charge-card.v1\"",
-        ));
-    }
-    if args.step.is_none() {
-        errors.push(missing(
-            "step",
-            "scope = \"tenant_id\", step = \"charge-card.v1\"",
-        ));
-    }
+    check_common(args, &function.sig, errors);
+    let fn_name = function.sig.ident.to_string();
 
     let mut params = Vec::new();
     let (mut tx, mut key, mut request) = (None, None, None);
@@ -186,6 +168,50 @@ pub(crate) fn analyse(
         }
     }
 
+    let scope = scope_bindings(args, &params, &fn_name, errors);
+
+    if !errors.is_empty() {
+        return None;
+    }
+    Some(Analysis {
+        params,
+        tx: tx?,
+        key: key?,
+        request: request?,
+        scope,
+    })
+}
+
+/// The checks every mode makes: an `async fn`, a scope and a step.
+pub(crate) fn check_common(args: &Args, sig: &syn::Signature, errors: &mut Errors) {
+    if sig.asyncness.is_none() {
+        errors.push(syn::Error::new(
+            sig.fn_token.span,
+            "`#[idempotent]` wraps an `async fn`: the claim and the commit are awaited around the body; write `async fn`",
+        ));
+    }
+    if args.scope.is_none() {
+        errors.push(missing(
+            "scope",
+            "scope = \"tenant_id\", step = \"charge-card.v1\"",
+        ));
+    }
+    if args.step.is_none() {
+        errors.push(missing(
+            "step",
+            "scope = \"tenant_id\", step = \"charge-card.v1\"",
+        ));
+    }
+}
+
+/// The bindings `scope` names, outermost first; each name that is no
+/// parameter's binding is reported on its literal.
+pub(crate) fn scope_bindings(
+    args: &Args,
+    params: &[Option<Param>],
+    fn_name: &str,
+    errors: &mut Errors,
+) -> Vec<Ident> {
     let mut scope = Vec::new();
     for name in args.scope.iter().flatten() {
         let wanted = name.value();
@@ -213,17 +239,7 @@ pub(crate) fn analyse(
             }
         }
     }
-
-    if !errors.is_empty() {
-        return None;
-    }
-    Some(Analysis {
-        params,
-        tx: tx?,
-        key: key?,
-        request: request?,
-        scope,
-    })
+    scope
 }
 
 /// `&mut SqliteConnection`, `&mut PgConnection`, `&mut DB::Connection`, ...
@@ -263,7 +279,7 @@ pub(crate) fn body_extractor(ty: &Type) -> Option<String> {
 }
 
 /// `IdempotencyKey` or a reference to it.
-fn is_key(ty: &Type) -> bool {
+pub(crate) fn is_key(ty: &Type) -> bool {
     match peel(ty) {
         Type::Reference(reference) => is_key(&reference.elem),
         Type::Path(path) => path

@@ -77,9 +77,11 @@ pub use idem_core::header::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED};
 pub use json::{Json, JsonRejection};
 pub use linger::{LINGER_MAX_BYTES, LINGER_MAX_TIME};
 
+pub(crate) use response::kept_headers;
 pub use response::{into_stored, into_stored_keeping, respond, KeptHeaders};
 pub use scope::{
     HeaderScope, PathScope, PrincipalScope, ScopeHeaderName, ScopePathParam, ScopeRejection,
     XTenantId,
 };
+pub(crate) use trace::{label, record_rejected};
 pub use trace::{operation_span, record_outcome};

@@ -178,7 +178,7 @@ pub async fn into_stored_keeping(response: Response, kept: KeptHeaders) -> Store
 
 /// The headers of `headers` that `kept` keeps, in order, minus those the
 /// response's own `Connection` header names.
-fn kept_headers(headers: &HeaderMap, kept: KeptHeaders) -> Vec<(String, String)> {
+pub(crate) fn kept_headers(headers: &HeaderMap, kept: KeptHeaders) -> Vec<(String, String)> {
     let per_connection: Vec<String> = headers
         .get_all(header::CONNECTION)
         .iter()

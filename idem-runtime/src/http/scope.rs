@@ -180,6 +180,32 @@ macro_rules! text_scope {
 }
 
 text_scope!(HeaderScope, ScopeHeaderName);
+
+impl<N: ScopeHeaderName> HeaderScope<N> {
+    /// The scope in `headers`' one `N::NAME` entry, trimmed; `None` when it
+    /// is missing, repeated or not 1 to 255 visible ASCII characters. gRPC
+    /// metadata is read the same way.
+    pub(crate) fn from_headers(headers: &axum::http::HeaderMap) -> Option<Self> {
+        let mut values = headers.get_all(N::NAME).iter();
+        let value = match (values.next(), values.next()) {
+            (Some(value), None) => value.to_str().ok().map(str::trim).filter(|v| valid(v)),
+            _ => None,
+        }?;
+        Some(Self {
+            value: value.to_owned(),
+            name: PhantomData,
+        })
+    }
+
+    /// What a refusal tells the client to send.
+    pub(crate) fn expected() -> String {
+        format!(
+            "Send the {} header once, with 1 to 255 visible ASCII characters: the scope this \
+             request's idempotency key lives in",
+            N::NAME
+        )
+    }
+}
 text_scope!(PathScope, ScopePathParam);
 
 impl<P: ScopePart> ScopePart for PrincipalScope<P> {
@@ -215,26 +241,12 @@ impl<S: Send + Sync, N: ScopeHeaderName> FromRequestParts<S> for HeaderScope<N> 
     type Rejection = ScopeRejection;
 
     async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
-        let mut values = parts.headers.get_all(N::NAME).iter();
-        let value = match (values.next(), values.next()) {
-            (Some(value), None) => value.to_str().ok().map(str::trim).filter(|v| valid(v)),
-            _ => None,
-        };
-        match value {
-            Some(value) => Ok(Self {
-                value: value.to_owned(),
-                name: PhantomData,
-            }),
-            None => Err(ScopeRejection(
-                Problem::new(400, format!("{} header missing or malformed", N::NAME)).with_detail(
-                    format!(
-                        "Send the {} header once, with 1 to 255 visible ASCII characters: the scope this \
-                         request's idempotency key lives in. Nothing was executed.",
-                        N::NAME
-                    ),
-                ),
-            )),
-        }
+        Self::from_headers(&parts.headers).ok_or_else(|| {
+            ScopeRejection(
+                Problem::new(400, format!("{} header missing or malformed", N::NAME))
+                    .with_detail(format!("{}. Nothing was executed.", Self::expected())),
+            )
+        })
     }
 }
 
