@@ -466,6 +466,8 @@ fn rolled_back() -> idem::StoredResponse {
 idem::steps! {
     /// The gated service's charge.
     const GATED_CHARGE = "gated-charge.v1";
+    /// The gated service's refund.
+    const GATED_REFUND = "gated-refund.v1";
 }
 
 /// A payments service whose charge writes a row, then acts on its
@@ -534,8 +536,28 @@ impl<DB: Ledger> Payments for Gated<DB> {
         Ok(reply)
     }
 
-    async fn refund(&self, _: Request<RefundRequest>) -> Result<Response<RefundReply>, Status> {
-        Err(Status::unimplemented("refunds are not gated"))
+    /// Fingerprinted by the request's protobuf encoding, not its derive.
+    #[idempotent(grpc, scope = "tenant", step = GATED_REFUND, key = request_id, fingerprint = encoding)]
+    async fn refund(
+        &self,
+        tenant: HeaderScope<XTenantId>,
+        request: Request<RefundRequest>,
+        tx: &mut DB::Connection,
+    ) -> Result<Response<RefundReply>, Status> {
+        let refund = request.into_inner();
+        let payment = payments::Payment {
+            payment_id: payments::new_payment_id(),
+            amount_cents: -refund.amount_cents,
+            currency: "EUR".into(),
+            destination: refund.charge_id,
+        };
+        DB::insert(tx, &tenant, &payment)
+            .await
+            .map_err(|e| Status::unavailable(e.to_string()))?;
+        Ok(Response::new(RefundReply {
+            refund_id: payment.payment_id,
+            amount_cents: refund.amount_cents,
+        }))
     }
 }
 
@@ -701,8 +723,36 @@ async fn stored_codes_and_metadata<DB: TestBackend + Ledger>(
     assert!(replayed(&again));
 }
 
+/// `fingerprint = encoding`: the same message replays, another one under
+/// the same `request_id` is refused as a reused key.
+async fn fingerprint_of_the_encoding<DB: TestBackend + Ledger>(
+    _: impl AsyncFn(Policy) -> Harness<DB>,
+) {
+    let mut s = gated::<DB>().await;
+    let refund = |amount_cents| {
+        with_metadata(
+            RefundRequest {
+                request_id: "r-enc".into(),
+                charge_id: "pay_1".into(),
+                amount_cents,
+            },
+            &[("x-tenant-id", "acme")],
+        )
+    };
+    let first = s.client.refund(refund(300)).await.unwrap();
+    let again = s.client.refund(refund(300)).await.unwrap();
+    assert!(!replayed(&first) && replayed(&again));
+    assert_eq!(first.get_ref(), again.get_ref());
+    let reused = s.client.refund(refund(301)).await.unwrap_err();
+    assert_eq!(reused.code(), Code::FailedPrecondition, "{reused:?}");
+    assert_eq!(problem(&reused), idem::http::problem::types::KEY_REUSED);
+    assert_eq!(s.h.payments().await, 1);
+}
+
 on_each_store! {
     stores: sqlite, postgres;
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    fingerprint_of_the_encoding,
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     state_table,
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

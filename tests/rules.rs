@@ -106,3 +106,28 @@ fn never_kept_headers_are_the_runtimes() {
         );
     }
 }
+
+#[test]
+fn grpc_codes_are_tonics() {
+    use idem_runtime::grpc::StoredCodes;
+    for (number, (name, variant)) in rules::GRPC_CODES.iter().enumerate() {
+        let code = tonic::Code::from_i32(number as i32);
+        assert_eq!(format!("{code:?}"), *variant, "{name}");
+    }
+    let storable: Vec<String> = StoredCodes::STORABLE_ON_REQUEST
+        .iter()
+        .map(|code| format!("{code:?}"))
+        .collect();
+    let named: Vec<String> = rules::GRPC_STORABLE_ON_REQUEST
+        .iter()
+        .map(|name| {
+            let (_, variant) = rules::GRPC_CODES.iter().find(|(n, _)| n == name).unwrap();
+            variant.to_string()
+        })
+        .collect();
+    assert_eq!(named, storable);
+    // None of them is stored already.
+    for code in StoredCodes::STORABLE_ON_REQUEST {
+        assert!(!StoredCodes::STORED_BY_DEFAULT.contains(code), "{code:?}");
+    }
+}

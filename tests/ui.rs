@@ -55,6 +55,9 @@ pass_cases! {
     idempotent_generic => "ui/idempotent/pass/generic.rs",
     idempotent_method => "ui/idempotent/pass/method.rs",
     idempotent_shadowing => "ui/idempotent/pass/shadowing.rs",
+    idempotent_grpc_async_trait => "ui/idempotent/pass/grpc_async_trait.rs",
+    idempotent_grpc_plain_impl => "ui/idempotent/pass/grpc_plain_impl.rs",
+    idempotent_grpc_generic => "ui/idempotent/pass/grpc_generic.rs",
     fingerprint_shapes => "ui/fingerprint/pass/shapes.rs",
     steps_declare => "ui/steps/pass/declare.rs",
 }

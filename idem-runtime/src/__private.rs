@@ -259,7 +259,9 @@ pub mod grpc {
     pub use tonic;
     use tonic::{Response, Status};
 
-    pub use crate::grpc::{key_from_field, FromRequestMetadata, HasEngine, StoredCodes};
+    pub use crate::grpc::{
+        fingerprint_encoding, key_from_field, FromRequestMetadata, HasEngine, StoredCodes,
+    };
     pub use crate::http::KeptHeaders;
     use crate::outcome::{Outcome, ReplayError, StoredResponse};
     use crate::{Answer, IdemError};

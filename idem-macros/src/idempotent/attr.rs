@@ -10,7 +10,7 @@ use crate::rules::{
     check_step_name, parse_millis, GRPC_CODES, GRPC_STORABLE_ON_REQUEST, NEVER_KEPT_HEADERS,
 };
 
-const EXPECTED: &str = "expected one of `scope`, `step`, `retain`, `lock_ttl`, `wait`, `timeout`, `fail_open`, `durable`, `http`, `grpc`, `headers`, `metadata`, `key`, `store`, `never_store`";
+const EXPECTED: &str = "expected one of `scope`, `step`, `retain`, `lock_ttl`, `wait`, `timeout`, `fail_open`, `durable`, `http`, `grpc`, `headers`, `metadata`, `key`, `fingerprint`, `store`, `never_store`";
 
 /// What the step argument names.
 pub(crate) enum StepArg {
@@ -45,6 +45,9 @@ pub(crate) struct Args {
     pub(crate) headers: Option<(Span, Vec<String>)>,
     /// `key = request_id`: the request message's field that holds the key (AIP-155).
     pub(crate) key_field: Option<Ident>,
+    /// `fingerprint = encoding`: the request message's protobuf encoding is
+    /// its fingerprint, instead of its `Fingerprint` impl.
+    pub(crate) fingerprint_encoding: Option<Span>,
     /// Statuses stored although the default does not (`store = [401]`,
     /// `store = [PERMISSION_DENIED]`).
     pub(crate) store: (Option<Span>, Vec<Status>),
@@ -135,6 +138,17 @@ pub(crate) fn parse(input: ParseStream<'_>, errors: &mut Errors) -> syn::Result<
                         "`key` names the request message's field that holds the key, e.g. `key = request_id`",
                     )
                 })?);
+            }
+            "fingerprint" => {
+                input.parse::<Token![=]>()?;
+                let value = Ident::parse_any(input)?;
+                if value != "encoding" {
+                    errors.push_at(
+                        value.span(),
+                        format!("`fingerprint` takes `encoding` (`fingerprint = encoding`: the request message's protobuf encoding is its fingerprint), not `{value}`"),
+                    );
+                }
+                args.fingerprint_encoding = Some(name.span());
             }
             _ => {
                 errors.push_at(name.span(), format!("unknown argument `{key}`; {EXPECTED}"));
@@ -342,6 +356,12 @@ fn check_mode(args: &mut Args, errors: &mut Errors, raw: [(Option<Span>, Vec<Sta
         errors.push_at(
             *span,
             "`headers` (`metadata`) chooses the response headers `http` mode (metadata `grpc` mode) stores; add `http` or `grpc`, or remove it",
+        );
+    }
+    if let (Some(span), None) = (args.fingerprint_encoding, args.grpc) {
+        errors.push_at(
+            span,
+            "`fingerprint = encoding` fingerprints a gRPC request message's protobuf encoding; it needs `grpc` (elsewhere mark the fingerprinted parameter with `#[fingerprint]`)",
         );
     }
     if let (Some(field), None) = (&args.key_field, args.grpc) {

@@ -296,12 +296,14 @@ pub(crate) fn wrapper(args: &Args, function: &syn::ItemFn, analysis: Analysis) -
             }
         }
     };
-    let fingerprint_call = quote_spanned! {type_span(&message)=>
-        ::idem::__private::fingerprint_with(
-            #step,
-            #tonic::Request::get_ref(&#request_name),
-            <#message as ::idem::__private::Fingerprint>::fingerprint,
-        )
+    let write = match args.fingerprint_encoding {
+        Some(_) => quote_spanned!(type_span(&message)=> #grpc::fingerprint_encoding::<#message>),
+        None => {
+            quote_spanned!(type_span(&message)=> <#message as ::idem::__private::Fingerprint>::fingerprint)
+        }
+    };
+    let fingerprint_call = quote! {
+        ::idem::__private::fingerprint_with(#step, #tonic::Request::get_ref(&#request_name), #write)
     };
     let destructure = extracted.iter().filter(|p| p.destructure).map(|p| {
         let (pat, name) = (&p.pat, &p.name);
@@ -390,16 +392,29 @@ fn boxed_signature(
 
 /// The error report and a stand-in with the trait's signature, so the impl
 /// still matches its trait and the user sees the macro's errors alone; the
-/// method as written when its request parameter cannot be told.
-pub(crate) fn stand_in(function: syn::ItemFn, errors: TokenStream) -> TokenStream {
+/// method as written when its request parameter cannot be told (the
+/// compiler then names the parameter the trait expects).
+pub(crate) fn stand_in(
+    function: syn::ItemFn,
+    as_written: syn::ItemFn,
+    errors: TokenStream,
+) -> TokenStream {
     let mut out = errors;
     let receiver = function.sig.receiver().cloned();
     let request = function.sig.inputs.iter().find_map(|input| match input {
         FnArg::Typed(typed) if request_message(&typed.ty).is_some() => Some(typed.clone()),
         _ => None,
     });
+    // `Result<Reply, Status>` written for `Result<Response<Reply>, Status>`:
+    // the stand-in has the trait's return type, so the mistake is reported once.
     let output = match &function.sig.output {
-        ReturnType::Type(_, ty) => Some((**ty).clone()),
+        ReturnType::Type(_, ty) if is_grpc_result(ty) => Some((**ty).clone()),
+        ReturnType::Type(_, ty) => result_success(ty).map(|reply| {
+            syn::parse_quote!(::core::result::Result<
+                ::idem::__private::grpc::tonic::Response<#reply>,
+                ::idem::__private::grpc::tonic::Status,
+            >)
+        }),
         ReturnType::Default => None,
     };
     match (receiver, request, output) {
@@ -411,9 +426,15 @@ pub(crate) fn stand_in(function: syn::ItemFn, errors: TokenStream) -> TokenStrea
                 destructure: true,
             };
             let signature = boxed_signature(&function, &receiver, &param, &output);
+            // The parameters' types stay named, so their imports stay used.
+            let types = function.sig.inputs.iter().filter_map(|input| match input {
+                FnArg::Typed(typed) => Some(elided((*typed.ty).clone())),
+                FnArg::Receiver(_) => None,
+            });
             quote! {
                 #[allow(unused_variables, clippy::all)]
                 #signature {
+                    let _ = ::core::marker::PhantomData::<(#(#types,)*)>;
                     ::std::boxed::Box::pin(async move {
                         ::core::unreachable!("`#[idempotent]` reported an error at compile time")
                     })
@@ -421,9 +442,21 @@ pub(crate) fn stand_in(function: syn::ItemFn, errors: TokenStream) -> TokenStrea
             }
             .to_tokens(&mut out);
         }
-        _ => function.to_tokens(&mut out),
+        _ => as_written.to_tokens(&mut out),
     }
     out
+}
+
+/// `ty` with every lifetime elided (`'_`), to be named inside a body.
+fn elided(mut ty: Type) -> Type {
+    struct Elide;
+    impl syn::visit_mut::VisitMut for Elide {
+        fn visit_lifetime_mut(&mut self, lifetime: &mut syn::Lifetime) {
+            *lifetime = syn::Lifetime::new("'_", lifetime.span());
+        }
+    }
+    syn::visit_mut::VisitMut::visit_type_mut(&mut Elide, &mut ty);
+    ty
 }
 
 /// `M` in `Request<M>` (`tonic::Request`, however it is imported).

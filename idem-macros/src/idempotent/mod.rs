@@ -39,13 +39,16 @@ pub(crate) fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
     if args.as_ref().is_some_and(|args| args.grpc.is_some())
         || names_mode(&raw_args, "grpc") && args.is_none()
     {
+        let as_written = function.clone();
         async_trait::unbox(&mut function);
         let analysis = args
             .as_ref()
             .and_then(|args| grpc::analyse(args, &function, &mut errors));
         return match (errors.check(), args, analysis) {
             (Ok(()), Some(args), Some(analysis)) => grpc::wrapper(&args, &function, analysis),
-            (reported, _, _) => grpc::stand_in(function, reported.err().unwrap_or_default()),
+            (reported, _, _) => {
+                grpc::stand_in(function, as_written, reported.err().unwrap_or_default())
+            }
         };
     }
     let analysis = args

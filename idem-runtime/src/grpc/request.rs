@@ -10,6 +10,7 @@ use tonic::{Code, Extensions, Status};
 
 use super::status::refused;
 use crate::engine::Engine;
+use crate::fingerprint::FingerprintHasher;
 use crate::http::{HeaderScope, PrincipalScope, ScopeHeaderName};
 use crate::store::Backend;
 use crate::IdempotencyKey;
@@ -189,6 +190,34 @@ impl<P: Clone + Send + Sync + 'static> FromRequestMetadata for PrincipalScope<P>
             )),
         }
     }
+}
+
+/// Writes a request message's protobuf encoding as its fingerprint:
+/// `#[idempotent(grpc, fingerprint = encoding)]` uses this instead of the
+/// message's [`Fingerprint`](crate::Fingerprint) impl, so the generated
+/// messages need no derive.
+///
+/// prost writes fields in field-number order, so the encoding is the same
+/// for equal messages when every field is a scalar, string, bytes, enum,
+/// `repeated` or nested message. A `map` field generated as a `HashMap` is
+/// written in the map's iteration order, which differs between processes:
+/// generate maps as `BTreeMap` (prost-build's `.btree_map(["."])`), or use
+/// `#[derive(Fingerprint)]`, which hashes every map in key order.
+///
+/// ```
+/// use idem_runtime::fingerprint::FingerprintHasher;
+/// use idem_runtime::grpc::fingerprint_encoding;
+///
+/// let hash = |message: &String| {
+///     let mut hasher = FingerprintHasher::new("echo.v1");
+///     fingerprint_encoding(message, &mut hasher);
+///     hasher.finish()
+/// };
+/// assert_eq!(hash(&"a".to_owned()), hash(&"a".to_owned()));
+/// assert_ne!(hash(&"a".to_owned()), hash(&"b".to_owned()));
+/// ```
+pub fn fingerprint_encoding<M: prost::Message>(message: &M, hasher: &mut FingerprintHasher) {
+    hasher.write_bytes(&message.encode_to_vec());
 }
 
 /// The key carried in a request message's field, as Google's AIP-155 does
