@@ -1,5 +1,5 @@
 // A gRPC method receives its `tonic::Request`. (The compiler adds that the
-// impl has one parameter fewer than the trait: the method is left as written.)
+// parameters do not match the trait's: the method is left as written.)
 use idem::grpc::HasEngine;
 use idem::http::{HeaderScope, XTenantId};
 use idem::sqlx::{Sqlite, SqliteConnection};
