@@ -281,3 +281,8 @@ pub use idem_macros::idempotent;
 #[doc = include_str!("../README.md")]
 #[cfg(doctest)]
 pub struct ReadmeDoctests;
+
+/// Compiles the guide's examples as doctests.
+#[doc = include_str!("../docs/GUIDE.md")]
+#[cfg(doctest)]
+pub struct GuideDoctests;
