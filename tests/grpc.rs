@@ -451,6 +451,7 @@ async fn answer_stored_by_another_transport<DB: TestBackend + Ledger>(
     assert_eq!(status.code(), Code::Internal);
     assert!(status.message().contains("not a gRPC reply"), "{status:?}");
     assert!(status.message().contains("application/json"), "{status:?}");
+    assert_eq!(problem(&status), idem::http::problem::types::REPLAY_FAILED);
 }
 
 /// An answer that is not kept: committing it releases a claim.
@@ -516,7 +517,13 @@ impl<DB: Ledger> Payments for Gated<DB> {
             "wait" => self.gate.acquire().await.unwrap().forget(),
             "deny" => return Err(Status::permission_denied("acct is frozen")),
             "invalid" => return Err(Status::invalid_argument("acct is closed")),
-            "exhausted" => return Err(Status::resource_exhausted("quota")),
+            "exhausted" => {
+                let mut status = Status::resource_exhausted("quota");
+                status
+                    .metadata_mut()
+                    .insert("grpc-retry-pushback-ms", "250".parse().unwrap());
+                return Err(status);
+            }
             _ => {}
         }
         let mut reply = Response::new(ChargeReply {
@@ -693,6 +700,10 @@ async fn stored_codes_and_metadata<DB: TestBackend + Ledger>(
                 status.metadata().get("idempotent-replayed").is_none(),
                 "{status:?}"
             );
+            if code == "exhausted" {
+                // A rolled-back answer reaches the caller as the method gave it.
+                assert_eq!(pushback_ms(&status), 250);
+            }
         }
         assert_eq!(
             s.runs.load(Ordering::SeqCst),

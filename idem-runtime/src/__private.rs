@@ -266,48 +266,61 @@ pub mod grpc {
     use crate::outcome::{Outcome, ReplayError, StoredResponse};
     use crate::{Answer, IdemError};
 
-    /// A method's answer in its stored form and whether its code is stored.
-    pub struct GrpcOutcome {
-        answer: StoredResponse,
-        store: bool,
+    /// A method's answer: in its stored form when its code is stored (the
+    /// first caller gets what every retry will), as the method gave it when
+    /// it rolls back (its metadata untouched, `grpc-retry-pushback-ms` included).
+    pub enum GrpcOutcome<R> {
+        Stored(StoredResponse),
+        RolledBack(Result<Response<R>, Status>),
     }
 
-    impl Outcome for GrpcOutcome {
+    impl<R> Outcome for GrpcOutcome<R> {
         fn to_stored(&self) -> Option<StoredResponse> {
-            self.store.then(|| self.answer.clone())
+            match self {
+                Self::Stored(answer) => Some(answer.clone()),
+                Self::RolledBack(_) => None,
+            }
         }
 
         fn from_stored(stored: StoredResponse) -> Result<Self, ReplayError> {
-            Ok(Self {
-                answer: stored,
-                store: true,
-            })
+            Ok(Self::Stored(stored))
         }
     }
 
-    /// The method's answer in its stored form, with its metadata and code choices.
+    /// The method's answer with its metadata and code choices.
     pub fn into_outcome<R: prost::Message>(
         result: Result<Response<R>, Status>,
         kept: KeptHeaders,
         codes: StoredCodes,
-    ) -> GrpcOutcome {
-        let store = codes.stores(match &result {
+    ) -> GrpcOutcome<R> {
+        let code = match &result {
             Ok(_) => tonic::Code::Ok,
             Err(status) => status.code(),
-        });
-        GrpcOutcome {
-            answer: crate::grpc::into_stored(result, kept),
-            store,
+        };
+        if codes.stores(code) {
+            GrpcOutcome::Stored(crate::grpc::into_stored(result, kept))
+        } else {
+            GrpcOutcome::RolledBack(result)
         }
     }
 
     /// [`crate::grpc::respond`] for a [`GrpcOutcome`].
     pub fn respond<R: prost::Message + Default>(
-        result: Result<Answer<GrpcOutcome>, IdemError>,
+        result: Result<Answer<GrpcOutcome<R>>, IdemError>,
     ) -> Result<Response<R>, Status> {
-        crate::grpc::respond(result.map(|answer| Answer {
-            value: answer.value.answer,
-            via: answer.via,
-        }))
+        match result {
+            Ok(Answer {
+                value: GrpcOutcome::RolledBack(answer),
+                via,
+            }) => {
+                crate::http::record_outcome(crate::http::label(Ok(via)));
+                answer
+            }
+            Ok(Answer {
+                value: GrpcOutcome::Stored(stored),
+                via,
+            }) => crate::grpc::respond(Ok(Answer { value: stored, via })),
+            Err(error) => crate::grpc::respond(Err(error)),
+        }
     }
 }

@@ -1,9 +1,10 @@
 //! Replies and statuses to and from their stored form.
 
 use axum::http::{HeaderMap, HeaderName, HeaderValue};
-use idem_core::header::IDEMPOTENT_REPLAYED;
+use idem_core::header::{IDEMPOTENCY_PROBLEM, IDEMPOTENT_REPLAYED};
+use idem_core::problem::types;
 use prost::Message;
-use tonic::metadata::MetadataMap;
+use tonic::metadata::{MetadataMap, MetadataValue};
 use tonic::{Code, Extensions, Response, Status};
 
 use super::status::http_status;
@@ -130,8 +131,9 @@ pub fn respond<R: Message + Default>(
 
 fn undecodable(error: prost::DecodeError) -> Status {
     tracing::error!(%error, "a stored gRPC answer could not be decoded");
-    Status::internal(
-        "the answer stored for this key can no longer be decoded by this version of the service",
+    replay_failed(
+        "the answer stored for this key can no longer be decoded by this version of the service"
+            .to_owned(),
     )
 }
 
@@ -142,10 +144,20 @@ fn not_a_grpc_answer(content_type: &str) -> Status {
         content_type,
         "the answer stored for this key is not a gRPC answer"
     );
-    Status::internal(format!(
+    replay_failed(format!(
         "the answer stored for this key is not a gRPC reply (it was stored as `{content_type}`, \
          by an operation outside gRPC under the same step); use a step of its own for each transport"
     ))
+}
+
+/// `INTERNAL`, marked as idem's replay-failed problem.
+fn replay_failed(message: String) -> Status {
+    let mut metadata = MetadataMap::new();
+    metadata.insert(
+        IDEMPOTENCY_PROBLEM,
+        MetadataValue::from_static(types::REPLAY_FAILED),
+    );
+    Status::with_metadata(Code::Internal, message, metadata)
 }
 
 fn stored_metadata(headers: &[(String, String)]) -> MetadataMap {
