@@ -100,9 +100,10 @@ async fn answer(shared: Arc<Shared>, request: Request<Charge>) -> Result<Respons
 
 type Messages = tokio_stream::Iter<std::vec::IntoIter<Result<Receipt, Status>>>;
 
-/// `test.Payments`: `Charge` (unary: errors go out trailers-only) and
+/// `test.Payments`: `Charge` (unary: errors go out trailers-only),
 /// `ChargeStream` (server streaming: the receipt twice, or the error in the
-/// trailers after the headers).
+/// trailers after the headers) and `ChargeAll` (client streaming: one charge
+/// of the ids sent, joined by commas).
 #[derive(Clone)]
 struct Payments(Arc<Shared>);
 
@@ -143,6 +144,21 @@ impl Service<http::Request<Body>> for Payments {
                         }
                     });
                     grpc.server_streaming(handler, request).await
+                }
+                "/test.Payments/ChargeAll" => {
+                    let handler = service_fn(move |r: Request<tonic::Streaming<Charge>>| {
+                        let shared = shared.clone();
+                        async move {
+                            let (metadata, extensions, mut charges) = r.into_parts();
+                            let mut ids = Vec::new();
+                            while let Some(charge) = charges.message().await? {
+                                ids.push(charge.id);
+                            }
+                            let charge = Charge { id: ids.join(",") };
+                            answer(shared, Request::from_parts(metadata, extensions, charge)).await
+                        }
+                    });
+                    grpc.client_streaming(handler, request).await
                 }
                 _ => Status::unimplemented("no such method").into_http(),
             })
@@ -439,4 +455,48 @@ async fn a_status_in_trailers_is_retried_and_a_stream_still_streams() {
     assert_eq!(receipts.len(), 2);
     assert!(receipts.iter().all(|r| r.id == "ch_1"));
     assert_eq!(shared.calls().len(), 2);
+}
+
+async fn charge_all<S>(client: &mut Client, charges: S) -> Result<Response<Receipt>, Status>
+where
+    S: tokio_stream::Stream<Item = Charge> + Send + 'static,
+{
+    client.ready().await.map_err(Status::from_error)?;
+    let path = PathAndQuery::from_static("/test.Payments/ChargeAll");
+    client
+        .client_streaming(Request::new(charges), path, ProstCodec::default())
+        .await
+}
+
+#[tokio::test]
+async fn a_running_client_stream_is_sent_once_a_finished_one_is_retried() {
+    let (addr, shared) = start(Shared::failing([
+        Status::unavailable("store down"),
+        Status::unavailable("store down"),
+    ]))
+    .await;
+    let mut client = client(addr, fast());
+    // Still being produced when the call starts: sent once, with its key.
+    let (tx, rx) = tokio::sync::mpsc::channel(1);
+    tokio::spawn(async move {
+        for id in ["a", "b"] {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            tx.send(Charge { id: id.into() }).await.unwrap();
+        }
+    });
+    let running = tokio_stream::wrappers::ReceiverStream::new(rx);
+    let status = charge_all(&mut client, running).await.unwrap_err();
+    assert_eq!(status.code(), Code::Unavailable);
+    assert_eq!(shared.calls().len(), 1);
+
+    let finished = tokio_stream::iter(["c", "d"].map(|id| Charge { id: id.into() }));
+    let response = charge_all(&mut client, finished).await.unwrap();
+    assert_eq!(response.attempts(), 2);
+    assert_eq!(response.get_ref().id, "c,d");
+    let calls = shared.calls();
+    assert_eq!(calls.len(), 3);
+    assert_eq!(calls[0].id, "a,b");
+    assert_eq!((calls[1].id.as_str(), calls[2].id.as_str()), ("c,d", "c,d"));
+    assert_eq!(calls[1].key, calls[2].key);
+    assert_ne!(calls[0].key, calls[1].key);
 }
