@@ -1,11 +1,11 @@
 //! Retrying gRPC calls with one idempotency key: a tower layer for tonic channels.
 //!
-//! [`IdempotentRetryLayer`] wraps a [`tonic::transport::Channel`] (or any
+//! [`IdempotentRetryLayer`] wraps a `tonic::transport::Channel` (or any
 //! service a generated tonic client accepts) in [`IdempotentRetry`], which
 //! sends every call with an `idempotency-key` metadata entry and retries it
-//! with the same key and the same message bytes, by the same
-//! [`RetryPolicy`](crate::RetryPolicy) as the HTTP client: its backoff, its
-//! attempt limit, its deadline and its per-attempt timeout.
+//! with the same key and the same message bytes, by the same [`RetryPolicy`]
+//! as the HTTP client: its backoff, its attempt limit, its deadline and its
+//! per-attempt timeout.
 //!
 //! ```no_run
 //! use std::time::Duration;
@@ -14,7 +14,7 @@
 //! use tonic::codegen::http::uri::PathAndQuery;
 //! use tower::ServiceBuilder;
 //!
-//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! # async fn run() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
 //! let channel = tonic::transport::Endpoint::from_static("http://127.0.0.1:50051").connect_lazy();
 //! let policy = RetryPolicy::default().deadline(Duration::from_secs(10));
 //! let channel = ServiceBuilder::new()
@@ -61,8 +61,8 @@
 //! would pass the deadline, the last answer is returned as it is (an
 //! `UNAVAILABLE` stays an `UNAVAILABLE`) or, if it got none, the channel's
 //! last error. An attempt still running at the deadline is cut off with
-//! `DEADLINE_EXCEEDED`. [`ResponseExt`](crate::ResponseExt) reads the
-//! attempts and `idempotent-replayed` off a [`tonic::Response`].
+//! `DEADLINE_EXCEEDED`. [`ResponseExt`] reads the attempts and
+//! `idempotent-replayed` off a [`tonic::Response`].
 //!
 //! The status is read where the server put it: in the response headers (a
 //! trailers-only answer, how tonic and most servers send errors), or in the
@@ -283,7 +283,8 @@ where
                 .await
                 .map_err(Into::into)?;
         }
-        let request = http::Request::from_parts(parts.clone(), Body::new(Full::new(message.clone())));
+        let request =
+            http::Request::from_parts(parts.clone(), Body::new(Full::new(message.clone())));
         let remaining = deadline.saturating_sub(started.elapsed());
         let timeout = policy
             .per_attempt_timeout()
@@ -342,7 +343,12 @@ where
             tokio::time::sleep(wait).await;
             continue;
         };
-        tracing::warn!(attempt, reason = retry.reason, wait_ms = wait.as_millis() as u64, "giving up: {why}");
+        tracing::warn!(
+            attempt,
+            reason = retry.reason,
+            wait_ms = wait.as_millis() as u64,
+            "giving up: {why}"
+        );
         record(attempt, code);
         return outcome.map(|response| with_attempts(response, attempt));
     }
@@ -366,7 +372,13 @@ where
 {
     let response = match inner.call(request).await {
         Ok(response) => response.map(Body::new),
-        Err(error) => return (Err(error.into()), Retry::after_backoff("transport error"), None),
+        Err(error) => {
+            return (
+                Err(error.into()),
+                Retry::after_backoff("transport error"),
+                None,
+            )
+        }
     };
     // A trailers-only answer: the status is in the headers.
     if let Some(code) = grpc_code(response.headers()) {
@@ -387,7 +399,9 @@ where
     };
     let trailers = first.as_ref().and_then(Frame::trailers_ref);
     let code = trailers.and_then(grpc_code);
-    let retry = trailers.zip(code).and_then(|(trailers, code)| classify(code, trailers));
+    let retry = trailers
+        .zip(code)
+        .and_then(|(trailers, code)| classify(code, trailers));
     let body = Body::new(Resumed { first, rest: body });
     (Ok(http::Response::from_parts(parts, body)), retry, code)
 }
@@ -401,7 +415,11 @@ fn classify(code: Code, metadata: &HeaderMap) -> Option<Retry> {
         // gRFC A6: a negative pushback means "do not retry".
         _ if pushback.is_some_and(|ms| ms < 0) => return None,
         Code::Unavailable => "UNAVAILABLE",
-        Code::Aborted if metadata.get(IDEMPOTENCY_PROBLEM).is_some_and(|v| v == IN_PROGRESS) => {
+        Code::Aborted
+            if metadata
+                .get(IDEMPOTENCY_PROBLEM)
+                .is_some_and(|v| v == IN_PROGRESS) =>
+        {
             "ABORTED: in progress"
         }
         _ => return None,

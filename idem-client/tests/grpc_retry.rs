@@ -70,7 +70,10 @@ impl Shared {
     }
 }
 
-async fn answer(shared: Arc<Shared>, request: Request<Charge>) -> Result<Response<Receipt>, Status> {
+async fn answer(
+    shared: Arc<Shared>,
+    request: Request<Charge>,
+) -> Result<Response<Receipt>, Status> {
     // idem's own parsing of the key: the server reads what the client sends.
     let key = IdempotencyKey::from_request_metadata(request.metadata(), request.extensions())?;
     let first = {
@@ -205,7 +208,10 @@ fn charge_request(id: &str) -> Request<Charge> {
     Request::new(Charge { id: id.to_owned() })
 }
 
-async fn charge(client: &mut Client, request: Request<Charge>) -> Result<Response<Receipt>, Status> {
+async fn charge(
+    client: &mut Client,
+    request: Request<Charge>,
+) -> Result<Response<Receipt>, Status> {
     client.ready().await.map_err(Status::from_error)?;
     let path = PathAndQuery::from_static("/test.Payments/Charge");
     client.unary(request, path, ProstCodec::default()).await
@@ -277,12 +283,19 @@ async fn invalid_argument_and_failed_precondition_are_not_retried() {
         assert_eq!(status.code(), code);
         assert_eq!(shared.calls().len(), 1, "{code:?} was retried");
     }
-    assert_eq!(Status::from(IdemError::Mismatch).code(), Code::FailedPrecondition);
+    assert_eq!(
+        Status::from(IdemError::Mismatch).code(),
+        Code::FailedPrecondition
+    );
 }
 
 #[tokio::test]
 async fn a_negative_pushback_is_not_retried() {
-    let status = with_metadata(Code::Unavailable, "go away", &[("grpc-retry-pushback-ms", "-1")]);
+    let status = with_metadata(
+        Code::Unavailable,
+        "go away",
+        &[("grpc-retry-pushback-ms", "-1")],
+    );
     let (addr, shared) = start(Shared::failing([status])).await;
     let status = charge(&mut client(addr, fast()), charge_request("ch_1"))
         .await
@@ -295,9 +308,12 @@ async fn a_negative_pushback_is_not_retried() {
 async fn the_attempt_limit_returns_the_last_status() {
     let fail = (1..=5).map(|n| Status::unavailable(format!("down {n}")));
     let (addr, shared) = start(Shared::failing(fail)).await;
-    let status = charge(&mut client(addr, fast().max_attempts(3)), charge_request("ch_1"))
-        .await
-        .unwrap_err();
+    let status = charge(
+        &mut client(addr, fast().max_attempts(3)),
+        charge_request("ch_1"),
+    )
+    .await
+    .unwrap_err();
     assert_eq!(status.code(), Code::Unavailable);
     assert_eq!(status.message(), "down 3");
     assert_eq!(shared.calls().len(), 3);
@@ -317,7 +333,11 @@ async fn the_deadline_ends_the_call_before_a_wait_would_pass_it() {
         .await
         .unwrap_err();
     assert_eq!(status.code(), Code::Unavailable);
-    assert!(started.elapsed() < Duration::from_millis(500), "{:?}", started.elapsed());
+    assert!(
+        started.elapsed() < Duration::from_millis(500),
+        "{:?}",
+        started.elapsed()
+    );
     let calls = shared.calls().len();
     assert!((2..=3).contains(&calls), "{calls} calls");
 }
@@ -335,8 +355,16 @@ async fn an_attempt_running_at_the_deadline_is_cut_off() {
         .await
         .unwrap_err();
     assert_eq!(status.code(), Code::DeadlineExceeded);
-    assert!(status.message().contains("same idempotency key"), "{}", status.message());
-    assert!(started.elapsed() < Duration::from_secs(2), "{:?}", started.elapsed());
+    assert!(
+        status.message().contains("same idempotency key"),
+        "{}",
+        status.message()
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
     assert_eq!(shared.calls().len(), 1);
 }
 
@@ -353,7 +381,11 @@ async fn an_attempt_past_its_timeout_is_retried() {
         .await
         .unwrap();
     assert_eq!(response.attempts(), 2);
-    assert!(started.elapsed() < Duration::from_secs(2), "{:?}", started.elapsed());
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
     let calls = shared.calls();
     assert_eq!(calls.len(), 2);
     assert_eq!(calls[0].key, calls[1].key);
@@ -432,7 +464,11 @@ async fn a_pushback_past_the_deadline_gives_up_at_once() {
         .unwrap_err();
     assert_eq!(status.code(), Code::Aborted);
     assert!(status.metadata().get("grpc-retry-pushback-ms").is_some());
-    assert!(started.elapsed() < Duration::from_secs(1), "{:?}", started.elapsed());
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        started.elapsed()
+    );
     assert_eq!(shared.calls().len(), 1);
 }
 
