@@ -88,6 +88,16 @@
 //! The `pending_payment` example of the idem repository does this against
 //! SQLite and the payments service.
 //!
+//! # gRPC
+//!
+//! With the `tonic` feature, `grpc::IdempotentRetryLayer` does the same for
+//! tonic channels: every call goes out with an `idempotency-key` metadata
+//! entry (`grpc::with_key`, or a fresh key), and `UNAVAILABLE`, idem's
+//! in-progress `ABORTED` and connection failures are retried with the same
+//! key and message by the same [`RetryPolicy`], honouring
+//! `grpc-retry-pushback-ms`. [`ResponseExt`] reads the attempts and replays
+//! off a `tonic::Response` too. See the `grpc` module.
+//!
 //! # Compared with `reqwest-retry` (0.9)
 //!
 //! | | `idem-client` | `reqwest-retry` (`RetryTransientMiddleware`) |
@@ -107,6 +117,8 @@
 //! | replays | `Idempotent-Replayed` read by [`ResponseExt::replayed`] | not read |
 
 mod error;
+#[cfg(feature = "tonic")]
+pub mod grpc;
 mod middleware;
 mod policy;
 mod response;

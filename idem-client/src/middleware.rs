@@ -308,7 +308,7 @@ fn is_idempotent(method: &Method) -> bool {
 }
 
 /// The key as an RFC 8941 string: quoted, with `"` and `\` escaped.
-fn structured_field_string(key: &IdempotencyKey) -> HeaderValue {
+pub(crate) fn structured_field_string(key: &IdempotencyKey) -> HeaderValue {
     let mut text = String::with_capacity(key.as_str().len() + 2);
     text.push('"');
     for c in key.as_str().chars() {

@@ -8,7 +8,8 @@ use idem_core::IdempotencyKey;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Attempts(pub u32);
 
-/// What the retrying client tells about an answer.
+/// What the retrying client tells about an answer: a `reqwest::Response`,
+/// or with the `tonic` feature a `tonic::Response` (see the `grpc` module).
 ///
 /// ```no_run
 /// use idem_client::{IdempotencyKey, RequestBuilderExt, ResponseExt, RetryPolicy};
