@@ -48,6 +48,8 @@ mod retention;
 mod scope;
 pub mod signature;
 pub mod store;
+#[cfg(feature = "axum")]
+pub mod tower;
 
 pub use engine::{Answer, Claim, ClaimGuard, Engine, Replay, Stats, Via};
 pub use error::IdemError;

@@ -59,5 +59,6 @@ mod request;
 mod status;
 
 pub use reply::{into_stored, respond, REPLY_CONTENT_TYPE, STATUS_CONTENT_TYPE};
+pub(crate) use reply::{kept_metadata, stored_answer, StoredAnswer};
 pub use request::{fingerprint_encoding, key_from_field, FromRequestMetadata, HasEngine};
 pub use status::{http_status, StoredCodes};

@@ -80,7 +80,7 @@ pub fn into_stored<R: Message>(
     }
 }
 
-fn kept_metadata(headers: HeaderMap, kept: KeptHeaders) -> Vec<(String, String)> {
+pub(crate) fn kept_metadata(headers: HeaderMap, kept: KeptHeaders) -> Vec<(String, String)> {
     let mut entries = kept_headers(&headers, kept);
     entries.retain(|(name, _)| !name.starts_with("grpc-"));
     entries
@@ -106,25 +106,41 @@ pub fn respond<R: Message + Default>(
 ) -> Result<Response<R>, Status> {
     let Answer { value, via } = result.map_err(Status::from)?;
     record_outcome(label(Ok(via)));
+    match stored_answer(value, via)? {
+        StoredAnswer::Reply(metadata, body) => {
+            let message = R::decode(body.as_slice()).map_err(undecodable)?;
+            Ok(Response::from_parts(metadata, message, Extensions::new()))
+        }
+        StoredAnswer::Status(status) => Err(status),
+    }
+}
+
+/// A stored gRPC answer, its metadata restored.
+pub(crate) enum StoredAnswer {
+    /// The reply message's encoding and the reply's metadata.
+    Reply(MetadataMap, Vec<u8>),
+    /// A status, its metadata included.
+    Status(Status),
+}
+
+/// Reads a stored answer back (with `idempotent-replayed: true` when it is a
+/// replay); a status if it is not a gRPC answer.
+pub(crate) fn stored_answer(value: StoredResponse, via: Via) -> Result<StoredAnswer, Status> {
     let mut metadata = stored_metadata(&value.headers);
     if via == Via::Replayed {
         metadata.insert(IDEMPOTENT_REPLAYED, "true".parse().expect("ASCII"));
     }
-    let body = value.body.as_slice();
     match value.content_type.as_str() {
         STATUS_CONTENT_TYPE => {
-            let status = StoredStatus::decode(body).map_err(undecodable)?;
-            Err(Status::with_details_and_metadata(
+            let status = StoredStatus::decode(value.body.as_slice()).map_err(undecodable)?;
+            Ok(StoredAnswer::Status(Status::with_details_and_metadata(
                 Code::from(status.code),
                 status.message,
                 status.details.into(),
                 metadata,
-            ))
+            )))
         }
-        REPLY_CONTENT_TYPE => {
-            let message = R::decode(body).map_err(undecodable)?;
-            Ok(Response::from_parts(metadata, message, Extensions::new()))
-        }
+        REPLY_CONTENT_TYPE => Ok(StoredAnswer::Reply(metadata, value.body)),
         other => Err(not_a_grpc_answer(other)),
     }
 }

@@ -83,5 +83,7 @@ pub use scope::{
     HeaderScope, PathScope, PrincipalScope, ScopeHeaderName, ScopePathParam, ScopeRejection,
     XTenantId,
 };
-pub(crate) use trace::{label, record_rejected};
+#[cfg(feature = "tonic")]
+pub(crate) use trace::label;
+pub(crate) use trace::record_rejected;
 pub use trace::{operation_span, record_outcome};
