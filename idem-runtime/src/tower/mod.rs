@@ -31,12 +31,10 @@
 //! ```
 //! use axum::{routing::post, Router};
 //! use idem_runtime::tower::{IdempotencyLayer, Tx};
-//! use idem_runtime::Engine;
+//! use idem_runtime::{Engine, Step};
 //! use sqlx::Sqlite;
 //!
-//! idem_runtime::steps! {
-//!     const CREATE_ORDER = "create-order.v1";
-//! }
+//! const CREATE_ORDER: Step = Step::new("create-order.v1");
 //!
 //! async fn create_order(mut tx: Tx<Sqlite>) -> &'static str {
 //!     sqlx::query("INSERT INTO orders (sku) VALUES ('sku-1')")
@@ -93,12 +91,10 @@ pub type FingerprintFn = fn(&Parts, &[u8], &mut FingerprintHasher);
 ///
 /// ```
 /// use idem_runtime::tower::IdempotencyLayer;
-/// use idem_runtime::Engine;
+/// use idem_runtime::{Engine, Step};
 /// use sqlx::Sqlite;
 ///
-/// idem_runtime::steps! {
-///     const CHARGE_CARD = "charge-card.v1";
-/// }
+/// const CHARGE_CARD: Step = Step::new("charge-card.v1");
 ///
 /// fn layer(engine: Engine<Sqlite>) -> IdempotencyLayer<Sqlite> {
 ///     // Only `Charge` is claimed; every other method passes through.
