@@ -6,9 +6,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use sqlx::{Pool, Transaction};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
+use crate::batch::{Batcher, NoTurn, Solo, Turn};
 use crate::error::{whole_seconds, IdemError};
+use crate::faults::FaultPoint;
 use crate::metrics::{self, ClaimOutcome};
 use crate::operation::Operation;
 use crate::outcome::{Outcome, ReplayError, StoredResponse};
@@ -146,81 +147,11 @@ pub struct Engine<DB: Backend> {
     pub(crate) settings: DB::Settings,
     counters: Arc<Counters>,
     /// Where the backend's write lock is database-wide (SQLite), claims from
-    /// this engine (and its clones) queue here, first come first served,
-    /// instead of polling the lock through the busy handler's sleeps.
-    write_gate: Option<Arc<WriteGate>>,
+    /// this engine (and its clones) queue here for its one writer, first
+    /// come first served, and share its commits ([`crate::batch`]).
+    batcher: Option<Arc<Batcher<DB>>>,
     /// The records this process completed, if the engine keeps them.
     replay_cache: Option<Arc<ReplayCache>>,
-}
-
-/// An engine's in-process queue for a database-wide write lock (SQLite), and
-/// the key of the claim that holds it: a claim that times out in the queue
-/// is told "in progress" only when that claim is for its own key, and "store
-/// busy" otherwise.
-#[derive(Debug)]
-struct WriteGate {
-    permits: Arc<Semaphore>,
-    holder: Arc<std::sync::Mutex<Option<(String, String)>>>,
-}
-
-impl WriteGate {
-    fn new() -> Self {
-        Self {
-            permits: Arc::new(Semaphore::new(1)),
-            holder: Arc::default(),
-        }
-    }
-
-    /// The gate if it is free right now.
-    fn try_enter(&self, op: &Operation) -> Option<GatePermit> {
-        let permit = self.permits.clone().try_acquire_owned().ok()?;
-        *lock(&self.holder) = Some(key_of(op));
-        Some(GatePermit {
-            _permit: permit,
-            holder: self.holder.clone(),
-        })
-    }
-
-    /// Waits at most `wait` for the gate; `None` when it was closed.
-    async fn enter(&self, op: &Operation, wait: Duration) -> Result<Option<GatePermit>, IdemError> {
-        match tokio::time::timeout(wait, self.permits.clone().acquire_owned()).await {
-            Ok(Ok(permit)) => {
-                *lock(&self.holder) = Some(key_of(op));
-                Ok(Some(GatePermit {
-                    _permit: permit,
-                    holder: self.holder.clone(),
-                }))
-            }
-            Ok(Err(_closed)) => Ok(None),
-            Err(_elapsed) if lock(&self.holder).as_ref() == Some(&key_of(op)) => {
-                Err(in_progress_unknown())
-            }
-            Err(_elapsed) => Err(store_busy()),
-        }
-    }
-}
-
-/// A place in the [`WriteGate`]: leaving it clears the holder's key.
-#[derive(Debug)]
-struct GatePermit {
-    _permit: OwnedSemaphorePermit,
-    holder: Arc<std::sync::Mutex<Option<(String, String)>>>,
-}
-
-impl Drop for GatePermit {
-    fn drop(&mut self) {
-        *lock(&self.holder) = None;
-    }
-}
-
-fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
-fn key_of(op: &Operation) -> (String, String) {
-    (op.scope.as_stored().to_owned(), op.key.as_str().to_owned())
 }
 
 impl<DB: Backend> Clone for Engine<DB> {
@@ -230,7 +161,7 @@ impl<DB: Backend> Clone for Engine<DB> {
             policy: self.policy,
             settings: self.settings,
             counters: self.counters.clone(),
-            write_gate: self.write_gate.clone(),
+            batcher: self.batcher.clone(),
             replay_cache: self.replay_cache.clone(),
         }
     }
@@ -264,7 +195,7 @@ impl<DB: Backend> Engine<DB> {
             policy: Policy::default(),
             settings: DB::Settings::default(),
             counters: Arc::default(),
-            write_gate: DB::SERIALIZE_WRITERS.then(|| Arc::new(WriteGate::new())),
+            batcher: DB::SERIALIZE_WRITERS.then(|| Arc::new(Batcher::new(None))),
             replay_cache: None,
         }
     }
@@ -286,6 +217,17 @@ impl<DB: Backend> Engine<DB> {
     /// ```
     pub fn with_replay_cache(mut self, cache: ReplayCache) -> Self {
         self.replay_cache = Some(Arc::new(cache));
+        self
+    }
+
+    /// Makes the process abort at `point` (the group commit's
+    /// [`FaultPoint::BatchBeforeCommit`] and [`FaultPoint::BatchAfterCommit`]),
+    /// with the `faults` feature on; for crash tests. Without the feature,
+    /// no effect.
+    pub fn with_fault(mut self, point: FaultPoint) -> Self {
+        if self.batcher.is_some() {
+            self.batcher = Some(Arc::new(Batcher::new(Some(point))));
+        }
         self
     }
 
@@ -472,23 +414,28 @@ impl<DB: Backend> Engine<DB> {
                 Err(error) => return self.store_down(op, &policy, error).await,
             }
         }
-        let permit = match &self.write_gate {
+        let permit = match &self.batcher {
             None => None,
-            Some(gate) => match gate.try_enter(op) {
-                // A free gate is entered with the connection in hand.
-                Some(permit) => Some(permit),
-                None => {
-                    // Queue without holding a connection: a storm of duplicates
-                    // must not drain the pool while it waits.
-                    drop(conn);
-                    let permit = gate.enter(op, policy.wait_timeout).await?;
-                    conn = match self.pool.acquire().await {
-                        Ok(conn) => conn,
-                        Err(error) => return self.store_down(op, &policy, error).await,
+            Some(batcher) => {
+                // The writer's turn is waited for without a connection: a
+                // storm of duplicates must not drain the pool while it waits.
+                drop(conn);
+                if policy.group_commit.is_some() && policy.claim_mode == ClaimMode::Transactional {
+                    return match batcher.turn(&self.pool, op, &policy, self.settings).await {
+                        Ok((turn, record)) => self.claim_in_turn(op, policy, turn, record).await,
+                        Err(no_turn) => self.no_turn(op, &policy, no_turn).await,
                     };
-                    permit
                 }
-            },
+                let solo = match batcher.alone(op, policy.wait_timeout).await {
+                    Ok(solo) => solo,
+                    Err(no_turn) => return self.no_turn(op, &policy, no_turn).await,
+                };
+                conn = match self.pool.acquire().await {
+                    Ok(conn) => conn,
+                    Err(error) => return self.store_down(op, &policy, error).await,
+                };
+                Some(solo)
+            }
         };
         let locked = match DB::lock_and_read(conn, op, &policy, self.settings).await {
             Ok(locked) => locked,
@@ -516,7 +463,7 @@ impl<DB: Backend> Engine<DB> {
         op: &Operation,
         policy: Policy,
         locked: Locked<DB>,
-        permit: Option<GatePermit>,
+        permit: Option<Solo<DB>>,
         asked: Instant,
         fresh_first: bool,
     ) -> Result<Claim<DB>, IdemError> {
@@ -554,7 +501,7 @@ impl<DB: Backend> Engine<DB> {
             token = Some(claimed);
         }
         let guard = ClaimGuard {
-            tx,
+            tx: ClaimTx::Own(tx),
             op: op.clone(),
             policy,
             via,
@@ -570,6 +517,61 @@ impl<DB: Backend> Engine<DB> {
             cache: self.replay_cache.clone().map(|cache| (cache, asked)),
         };
         Ok(Claim::Execute(guard))
+    }
+
+    /// The claim in its turn of the writer's batch, with the record read
+    /// under the write lock. An answer from the record (a replay, a
+    /// refusal) may come from a record an earlier turn of the batch wrote:
+    /// it is given once the batch has committed.
+    async fn claim_in_turn(
+        &self,
+        op: &Operation,
+        policy: Policy,
+        turn: Turn<DB>,
+        record: Option<Record>,
+    ) -> Result<Claim<DB>, IdemError> {
+        let replaces = record.is_some();
+        let answer = match decide(record, op) {
+            Decision::Execute(via) => {
+                return Ok(Claim::Execute(ClaimGuard {
+                    tx: ClaimTx::Turn(turn),
+                    op: op.clone(),
+                    policy,
+                    via,
+                    replaces,
+                    fresh_first: false,
+                    token: None,
+                    pool: self.pool.clone(),
+                    permit: None,
+                    claimed_at: Instant::now(),
+                    enqueues_seen: crate::outbox::wake::enqueues_so_far(),
+                    cache: self
+                        .replay_cache
+                        .clone()
+                        .map(|cache| (cache, Instant::now())),
+                }))
+            }
+            Decision::Replay(stored) => Ok(Claim::Replay(Replay { stored })),
+            Decision::Refuse(error) => Err(error),
+        };
+        match turn.end(true).await {
+            Ok(()) => answer,
+            Err(error) => Err(unavailable(&policy, error)),
+        }
+    }
+
+    /// A claim that got no turn of the writer.
+    async fn no_turn(
+        &self,
+        op: &Operation,
+        policy: &Policy,
+        no_turn: NoTurn,
+    ) -> Result<Claim<DB>, IdemError> {
+        match no_turn {
+            NoTurn::InProgress => Err(in_progress_unknown()),
+            NoTurn::Busy => Err(store_busy()),
+            NoTurn::Store(error) => self.store_down(op, policy, error).await,
+        }
     }
 
     async fn store_down(
@@ -591,7 +593,7 @@ impl<DB: Backend> Engine<DB> {
         );
         match self.pool.begin().await {
             Ok(tx) => Ok(Claim::Execute(ClaimGuard {
-                tx,
+                tx: ClaimTx::Own(tx),
                 op: op.clone(),
                 policy: *policy,
                 via: Via::FailedOpen,
@@ -614,13 +616,21 @@ impl<DB: Backend> Engine<DB> {
     }
 }
 
+/// Where a claim's writes go.
+enum ClaimTx<DB: Backend> {
+    /// A transaction of its own.
+    Own(Transaction<'static, DB>),
+    /// A turn of the writer's batch (SQLite group commit).
+    Turn(Turn<DB>),
+}
+
 /// An owned claim: the open transaction holding the key's lock. Derefs to
 /// its connection (as [`sqlx::Transaction`] does): do the business writes
 /// there, then [`ClaimGuard::commit`].
 ///
 /// Dropping it without [`ClaimGuard::commit`] rolls the transaction back.
 pub struct ClaimGuard<DB: Backend> {
-    tx: Transaction<'static, DB>,
+    tx: ClaimTx<DB>,
     op: Operation,
     policy: Policy,
     via: Via,
@@ -630,8 +640,8 @@ pub struct ClaimGuard<DB: Backend> {
     fresh_first: bool,
     token: Option<i64>,
     pool: Pool<DB>,
-    /// This engine's write gate, held until commit or rollback.
-    permit: Option<GatePermit>,
+    /// This engine's writer, held alone until commit or rollback.
+    permit: Option<Solo<DB>>,
     /// When the claim was granted: the work's duration is measured from here.
     claimed_at: Instant,
     /// The process's enqueue count when the claim was granted: a commit after
@@ -646,13 +656,19 @@ impl<DB: Backend> std::ops::Deref for ClaimGuard<DB> {
     type Target = DB::Connection;
 
     fn deref(&self) -> &DB::Connection {
-        &self.tx
+        match &self.tx {
+            ClaimTx::Own(tx) => tx,
+            ClaimTx::Turn(turn) => turn.conn_ref(),
+        }
     }
 }
 
 impl<DB: Backend> std::ops::DerefMut for ClaimGuard<DB> {
     fn deref_mut(&mut self) -> &mut DB::Connection {
-        &mut self.tx
+        match &mut self.tx {
+            ClaimTx::Own(tx) => tx,
+            ClaimTx::Turn(turn) => turn.conn(),
+        }
     }
 }
 
@@ -692,7 +708,7 @@ impl<DB: Backend> ClaimGuard<DB> {
 
     async fn settle_unrecorded(self, response: Option<StoredResponse>) -> Result<(), IdemError> {
         let Self {
-            mut tx,
+            tx,
             op,
             policy,
             via,
@@ -708,7 +724,14 @@ impl<DB: Backend> ClaimGuard<DB> {
         let response = match response {
             Some(response) => response,
             None => {
-                let _ = tx.rollback().await;
+                match tx {
+                    ClaimTx::Own(tx) => {
+                        let _ = tx.rollback().await;
+                    }
+                    ClaimTx::Turn(turn) => {
+                        let _ = turn.end(false).await;
+                    }
+                }
                 if let Some(token) = token {
                     if let Err(error) = DB::release_claim(&pool, &op, token).await {
                         tracing::warn!(%error, "releasing a durable claim failed; it frees itself when its lock expires");
@@ -717,17 +740,28 @@ impl<DB: Backend> ClaimGuard<DB> {
                 return Ok(());
             }
         };
-        let committed = match (via, token) {
-            (Via::FailedOpen, _) => tx.commit().await.map(|()| true),
-            (_, Some(token)) => {
+        let committed = match (tx, via, token) {
+            (ClaimTx::Turn(mut turn), _, _) => {
+                match DB::write_completed(turn.conn(), &op, &response, &policy, replaces).await {
+                    Ok(()) => turn.end(true).await.map(|()| true),
+                    Err(error) => {
+                        let _ = turn.end(false).await;
+                        Err(error)
+                    }
+                }
+            }
+            (ClaimTx::Own(tx), Via::FailedOpen, _) => tx.commit().await.map(|()| true),
+            (ClaimTx::Own(mut tx), _, Some(token)) => {
                 match DB::write_claimed(&mut tx, &op, token, &response, &policy).await {
                     Ok(true) => tx.commit().await.map(|()| true),
                     other => other,
                 }
             }
-            (_, None) => DB::commit_completed(tx, &op, &response, &policy, replaces, fresh_first)
-                .await
-                .map(|()| true),
+            (ClaimTx::Own(tx), _, None) => {
+                DB::commit_completed(tx, &op, &response, &policy, replaces, fresh_first)
+                    .await
+                    .map(|()| true)
+            }
         };
         match committed {
             Ok(true) => {

@@ -25,6 +25,11 @@ pub enum FaultPoint {
     AfterBusinessWrite,
     /// The key record and the business write committed; the answer was not sent.
     AfterCommit,
+    /// SQLite group commit: the batch's claims are written, its `COMMIT`
+    /// not sent.
+    BatchBeforeCommit,
+    /// SQLite group commit: the batch committed; none of its claims was answered.
+    BatchAfterCommit,
     /// A relay leased the message; the sink was not called.
     RelayBeforePublish,
     /// The sink acknowledged; the relay has not marked the row sent.
@@ -36,7 +41,7 @@ pub enum FaultPoint {
 
 impl FaultPoint {
     /// The point's name: `after-claim`, `after-business-write`,
-    /// `after-commit`, `relay-before-publish`, `relay-after-publish`,
+    /// `after-commit`, `batch-before-commit`, `batch-after-commit`, `relay-before-publish`, `relay-after-publish`,
     /// `relay-stall-after-publish` (written with its pause,
     /// `relay-stall-after-publish:<ms>`).
     pub fn name(self) -> &'static str {
@@ -44,6 +49,8 @@ impl FaultPoint {
             FaultPoint::AfterClaim => "after-claim",
             FaultPoint::AfterBusinessWrite => "after-business-write",
             FaultPoint::AfterCommit => "after-commit",
+            FaultPoint::BatchBeforeCommit => "batch-before-commit",
+            FaultPoint::BatchAfterCommit => "batch-after-commit",
             FaultPoint::RelayBeforePublish => "relay-before-publish",
             FaultPoint::RelayAfterPublish => "relay-after-publish",
             FaultPoint::RelayStallAfterPublish(_) => "relay-stall-after-publish",
@@ -66,7 +73,7 @@ impl fmt::Display for FaultPoint {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
     "unknown fault point {0:?}; use after-claim, after-business-write, after-commit, \
-     relay-before-publish, relay-after-publish or relay-stall-after-publish:<ms>"
+     batch-before-commit, batch-after-commit, relay-before-publish, relay-after-publish or relay-stall-after-publish:<ms>"
 )]
 pub struct UnknownFaultPoint(pub String);
 
@@ -87,6 +94,8 @@ impl FromStr for FaultPoint {
             "after-claim" => Ok(FaultPoint::AfterClaim),
             "after-business-write" => Ok(FaultPoint::AfterBusinessWrite),
             "after-commit" => Ok(FaultPoint::AfterCommit),
+            "batch-before-commit" => Ok(FaultPoint::BatchBeforeCommit),
+            "batch-after-commit" => Ok(FaultPoint::BatchAfterCommit),
             "relay-before-publish" => Ok(FaultPoint::RelayBeforePublish),
             "relay-after-publish" => Ok(FaultPoint::RelayAfterPublish),
             other => other

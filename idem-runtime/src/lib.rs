@@ -26,6 +26,7 @@
 #[doc(hidden)]
 pub mod __private;
 pub mod admin;
+mod batch;
 mod engine;
 mod error;
 pub mod faults;
@@ -59,7 +60,7 @@ pub use idem_core::{check_step_name, child_key, Step, StepNameError};
 pub use idem_core::{IdempotencyKey, KeyError, MAX_KEY_LEN};
 pub use operation::Operation;
 pub use outcome::{ErrorStatus, Outcome, ReplayError, StoredResponse, StoredStatuses};
-pub use policy::{ClaimMode, FailureMode, Policy};
+pub use policy::{ClaimMode, FailureMode, GroupCommit, Policy};
 pub use problem::{Problem, ABOUT_BLANK};
 pub use replay_cache::ReplayCache;
 pub use retention::Purger;

@@ -11,6 +11,7 @@
 //! | `idem_claims_total` | counter | `step`, `outcome` | one per claim or finish, by outcome (below) |
 //! | `idem_claim_wait_seconds` | histogram | `step` | from asking for the key to the claim's answer: the read, the lock wait, the in-progress write |
 //! | `idem_handler_duration_seconds` | histogram | `step` | the work under a claim, from the claim to its finish |
+//! | `idem_batch_claims` | histogram | – | SQLite group commit: the claims one `COMMIT` answered |
 //! | `idem_purge_rows_total` | counter | – | expired records deleted |
 //! | `idem_purge_duration_seconds` | histogram | `result` (`ok`, `error`) | one purge run, all its batches |
 //! | `idem_outbox_pending` | gauge | – | messages not yet delivered (set by the relay) |
@@ -51,6 +52,8 @@ pub const CLAIMS: &str = "idem_claims_total";
 pub const CLAIM_WAIT: &str = "idem_claim_wait_seconds";
 /// The work under a claim (histogram, seconds; label `step`).
 pub const HANDLER_DURATION: &str = "idem_handler_duration_seconds";
+/// The claims one group `COMMIT` answered (histogram; SQLite).
+pub const BATCH_CLAIMS: &str = "idem_batch_claims";
 /// Expired records deleted by purges (counter).
 pub const PURGE_ROWS: &str = "idem_purge_rows_total";
 /// One purge run (histogram, seconds; label `result`).
@@ -143,6 +146,11 @@ pub(crate) fn finished(step: &'static str, worked: Duration, result: &Result<(),
     if let Err(error @ IdemError::LockLost) = result {
         claim_outcome(step, ClaimOutcome::of_error(error));
     }
+}
+
+/// Records a group commit and the claims it answered.
+pub(crate) fn batch_committed(claims: usize) {
+    metrics::histogram!(BATCH_CLAIMS).record(claims as f64);
 }
 
 /// Records one purge run.

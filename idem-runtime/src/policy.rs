@@ -56,6 +56,48 @@ pub struct Policy {
     pub claim_mode: ClaimMode,
     /// The `Retry-After` a client is told when the store is unavailable. Default 1 s.
     pub unavailable_retry_after: Duration,
+    /// On SQLite, whether concurrent claims share one `COMMIT`, and the
+    /// batch's bounds; `None` runs each claim in a transaction of its own.
+    /// Default [`GroupCommit::DEFAULT`]. Ignored elsewhere and by durable
+    /// claims, which always commit alone.
+    pub group_commit: Option<GroupCommit>,
+}
+
+/// The bounds of a SQLite group commit: a batch commits when no claim waits
+/// for the writer, or when it holds `max_claims` kept claims or has been
+/// open `max_open`, whichever comes first.
+///
+/// ```
+/// use idem_runtime::{GroupCommit, Policy};
+/// use std::time::Duration;
+///
+/// let policy = Policy::default().with_group_commit(Some(GroupCommit {
+///     max_claims: 16,
+///     max_open: Duration::from_millis(5),
+/// }));
+/// assert_eq!(policy.group_commit.unwrap().max_claims, 16);
+/// assert_eq!(Policy::default().with_group_commit(None).group_commit, None);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GroupCommit {
+    /// The most claims one `COMMIT` answers. Default 64.
+    pub max_claims: u32,
+    /// The longest a batch stays open to new claims. Default 20 ms.
+    pub max_open: Duration,
+}
+
+impl GroupCommit {
+    /// 64 claims, 20 ms.
+    pub const DEFAULT: Self = Self {
+        max_claims: 64,
+        max_open: Duration::from_millis(20),
+    };
+}
+
+impl Default for GroupCommit {
+    fn default() -> Self {
+        Self::DEFAULT
+    }
 }
 
 impl Default for Policy {
@@ -68,11 +110,18 @@ impl Default for Policy {
             failure_mode: FailureMode::Closed,
             claim_mode: ClaimMode::Transactional,
             unavailable_retry_after: Duration::from_secs(1),
+            group_commit: Some(GroupCommit::DEFAULT),
         }
     }
 }
 
 impl Policy {
+    /// Sets [`Policy::group_commit`].
+    pub fn with_group_commit(mut self, group_commit: Option<GroupCommit>) -> Self {
+        self.group_commit = group_commit;
+        self
+    }
+
     /// Sets [`Policy::retention`].
     pub fn with_retention(mut self, retention: Duration) -> Self {
         self.retention = retention;

@@ -4,6 +4,7 @@
 use std::process::{Command, ExitStatus};
 
 use crate::{TestBackend, TestDb};
+use idem_runtime::faults::FaultPoint;
 use idem_runtime::{Engine, IdemError, IdempotencyKey, Operation, Policy, Problem, Scope, Via};
 
 /// What each test gets: an engine on its own store.
@@ -78,7 +79,10 @@ impl<DB: TestBackend> Harness<DB> {
     }
 
     /// Runs one charge in a child process that aborts at `mode`
-    /// (`before-commit` or `after-commit`), and returns how it exited.
+    /// (`before-commit` or `after-commit`), or [`BATCH_CHILD_CHARGES`]
+    /// concurrent ones (keys `{key}-0`…) that abort at a group commit's
+    /// fault point (`batch-before-commit`, `batch-after-commit`), and returns
+    /// how it exited.
     pub fn run_child(&self, mode: &str, tenant: &str, key: &str, amount: i64) -> ExitStatus {
         let exe = std::env::current_exe().expect("test binary");
         Command::new(exe)
@@ -98,6 +102,10 @@ impl<DB: TestBackend> Harness<DB> {
     }
 }
 
+/// How many concurrent charges a child started at a group commit's fault
+/// point runs.
+pub const BATCH_CHILD_CHARGES: usize = 8;
+
 /// The child side of [`Harness::run_child`]: charges once, aborting where told,
 /// on the backend `store` opens (only its type is used).
 /// Does nothing unless started by `run_child`.
@@ -113,6 +121,31 @@ pub async fn child_entry<DB: TestBackend>(_store: impl AsyncFn(Policy) -> Harnes
     );
     let amount: i64 = var("IDEM_CHILD_AMOUNT").parse().expect("amount");
     let engine = Engine::new(DB::pool(&url, &Policy::default()).await);
+    if let Ok(point @ (FaultPoint::BatchBeforeCommit | FaultPoint::BatchAfterCommit)) =
+        mode.parse::<FaultPoint>()
+    {
+        // A group commit's fault point: a batch of concurrent charges,
+        // `{key}-0` to `{key}-7`, and the process dies at its commit.
+        let engine = engine.with_fault(point);
+        let mut charges = tokio::task::JoinSet::new();
+        for i in 0..BATCH_CHILD_CHARGES {
+            let (engine, op) = (
+                engine.clone(),
+                operation(&tenant, &format!("{key}-{i}"), amount),
+            );
+            charges.spawn(async move {
+                let scope = op.scope().to_string();
+                engine
+                    .run(&op, async move |tx| {
+                        DB::insert_payment(tx, &scope, amount).await?;
+                        Ok::<i64, Problem>(amount)
+                    })
+                    .await
+            });
+        }
+        while charges.join_next().await.is_some() {}
+        panic!("the batch committed without reaching {point}");
+    }
     let op = operation(&tenant, &key, amount);
     let abort_before_commit = mode == "before-commit";
     let scope = op.scope().to_string();

@@ -35,7 +35,7 @@ pub mod stores;
 
 pub use backend::TestBackend;
 pub use captured::Captured;
-pub use harness::{charge, child_entry, operation, Harness};
+pub use harness::{charge, child_entry, operation, Harness, BATCH_CHILD_CHARGES};
 pub use postgres_server::{postgres, PgServer, FAST_SETTINGS};
 pub use store::{example_binary, sqlite_file, TestDb};
 

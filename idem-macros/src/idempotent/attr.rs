@@ -10,7 +10,7 @@ use crate::rules::{
     check_step_name, parse_millis, GRPC_CODES, GRPC_STORABLE_ON_REQUEST, NEVER_KEPT_HEADERS,
 };
 
-const EXPECTED: &str = "expected one of `scope`, `step`, `retain`, `lock_ttl`, `wait`, `timeout`, `fail_open`, `durable`, `http`, `grpc`, `headers`, `metadata`, `key`, `fingerprint`, `store`, `never_store`";
+const EXPECTED: &str = "expected one of `scope`, `step`, `retain`, `lock_ttl`, `wait`, `timeout`, `fail_open`, `durable`, `group_commit`, `http`, `grpc`, `headers`, `metadata`, `key`, `fingerprint`, `store`, `never_store`";
 
 /// What the step argument names.
 pub(crate) enum StepArg {
@@ -37,6 +37,8 @@ pub(crate) struct Args {
     pub(crate) timeout: Option<DurationArg>,
     pub(crate) fail_open: bool,
     pub(crate) durable: bool,
+    /// `group_commit = false`: on SQLite, this step's claims commit alone.
+    pub(crate) solo: bool,
     pub(crate) http: bool,
     /// `grpc`: a method of a tonic service impl.
     pub(crate) grpc: Option<Span>,
@@ -82,6 +84,7 @@ impl Args {
             || self.timeout.is_some()
             || self.fail_open
             || self.durable
+            || self.solo
     }
 }
 
@@ -117,6 +120,16 @@ pub(crate) fn parse(input: ParseStream<'_>, errors: &mut Errors) -> syn::Result<
             "timeout" => args.timeout = Some(parse_duration(input, errors)?),
             "fail_open" => args.fail_open = flag(input, &name)?,
             "durable" => args.durable = flag(input, &name)?,
+            "group_commit" => {
+                input.parse::<Token![=]>()?;
+                let value: syn::LitBool = input.parse().map_err(|e| {
+                    syn::Error::new(
+                        e.span(),
+                        "`group_commit` takes `true` or `false`: `group_commit = false` commits this step's claims alone (SQLite)",
+                    )
+                })?;
+                args.solo = !value.value;
+            }
             "http" => args.http = flag(input, &name)?,
             "grpc" => {
                 flag(input, &name)?;

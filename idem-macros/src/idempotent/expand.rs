@@ -382,6 +382,9 @@ pub(crate) fn policy(args: &Args, engine: &TokenStream) -> Option<TokenStream> {
     if args.durable {
         policy = quote!(#policy.with_claim_mode(::idem::__private::ClaimMode::Durable));
     }
+    if args.solo {
+        policy = quote!(#policy.with_group_commit(::core::option::Option::None));
+    }
     Some(policy)
 }
 

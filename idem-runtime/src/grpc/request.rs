@@ -167,7 +167,7 @@ impl<N: ScopeHeaderName> FromRequestMetadata for HeaderScope<N> {
 /// use tonic::metadata::MetadataMap;
 /// use tonic::{Code, Extensions};
 ///
-/// #[derive(Clone)]
+/// #[derive(Clone, Debug)]
 /// struct Caller(String);
 ///
 /// let mut extensions = Extensions::new();

@@ -195,6 +195,13 @@ pub trait Keys: sqlx::Database + Sized {
     /// Whether `error` means "the key's lock is held by another attempt".
     fn is_lock_busy(error: &sqlx::Error) -> bool;
 
+    /// Runs `sql`, statements without parameters (the group commit's
+    /// savepoints), on `conn`.
+    fn run_raw<'a>(
+        conn: &'a mut Self::Connection,
+        sql: &'static str,
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'a;
+
     /// Writes a completed record for `op` carrying `response` unless the key
     /// has one (the inbox's rejection of a poisoned message), expiring after
     /// `retention`.

@@ -441,6 +441,10 @@ impl Keys for Postgres {
         .await
     }
 
+    async fn run_raw(conn: &mut PgConnection, sql: &'static str) -> Result<(), sqlx::Error> {
+        sqlx::Executor::execute(conn, sql).await.map(drop)
+    }
+
     fn is_lock_busy(error: &sqlx::Error) -> bool {
         // 55P03 lock_not_available: lock_timeout fired while waiting for the key's lock.
         matches!(error, sqlx::Error::Database(db) if db.code().as_deref() == Some("55P03"))

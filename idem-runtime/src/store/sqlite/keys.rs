@@ -186,6 +186,10 @@ impl Keys for Sqlite {
         .await
     }
 
+    async fn run_raw(conn: &mut SqliteConnection, sql: &'static str) -> Result<(), sqlx::Error> {
+        sqlx::Executor::execute(conn, sql).await.map(drop)
+    }
+
     fn is_lock_busy(error: &sqlx::Error) -> bool {
         // SQLITE_BUSY (5) and SQLITE_LOCKED (6), with their extended codes.
         let code = match error {

@@ -3,13 +3,13 @@
 //! Claims take the database's write lock up front (`BEGIN IMMEDIATE`) instead
 //! of upgrading a deferred transaction, and wait for it at most the claim's
 //! `wait_timeout` (its `busy_timeout`). Claims from one engine (and its
-//! clones) queue in process, first come first served, before asking for the
-//! lock, so they are not left
-//! to the busy handler's sleeps (1, 2, 5 ... 100 ms): under 64 concurrent
-//! duplicates of one key that took 0.4-1.8 s per key; queued, it takes tens of
-//! milliseconds. Other processes still meet at `busy_timeout`. Replays and
-//! conflicts are answered by a read in WAL mode, which never waits for the
-//! write lock.
+//! clones) queue in process, first come first served, for the engine's one
+//! writer, so they are not left to the busy handler's sleeps (1, 2, 5 ... 100
+//! ms), and share its commits: concurrent claims run as turns of one batch
+//! and one `COMMIT` ([`GroupCommit`](crate::GroupCommit); docs/OPERATIONS.md,
+//! "SQLite group commit"). Other processes still meet at `busy_timeout`.
+//! Replays and conflicts are answered by a read in WAL mode, which never
+//! waits for the write lock.
 
 use std::path::Path;
 use std::str::FromStr;

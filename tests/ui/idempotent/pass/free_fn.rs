@@ -6,7 +6,7 @@ struct Charge {
     amount: i64,
 }
 
-#[idempotent(scope = ["tenant", "caller"], step = "charge.v1", retain = "7d", wait = "500ms", timeout = "10s", fail_open)]
+#[idempotent(scope = ["tenant", "caller"], step = "charge.v1", retain = "7d", wait = "500ms", timeout = "10s", fail_open, group_commit = false)]
 pub async fn charge(
     tx: &mut SqliteConnection,
     tenant: String,
