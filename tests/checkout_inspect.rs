@@ -109,6 +109,10 @@ async fn every_order_of_the_demo_was_charged_exactly_once() {
 #[test]
 fn the_payments_example_tells_its_steps() {
     let declared = idem_cli::steps::declared_by(&example_binary("payments")).unwrap();
-    assert_eq!(declared.keys().collect::<Vec<_>>(), ["create-payment.v1"]);
-    assert!(!declared["create-payment.v1"].retired);
+    // The HTTP handler's step, and the gRPC methods' (`--grpc-listen`).
+    assert_eq!(
+        declared.keys().collect::<Vec<_>>(),
+        ["charge-card.v1", "create-payment.v1", "refund-charge.v1"]
+    );
+    assert!(declared.values().all(|step| !step.retired));
 }

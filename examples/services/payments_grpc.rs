@@ -27,6 +27,8 @@ use crate::payments::{new_payment_id, Ledger, Payment, Store};
 #[rustfmt::skip]
 pub mod proto;
 
+// Not every program that includes this module is a client.
+#[allow(unused_imports)]
 pub use proto::payments_client::PaymentsClient;
 pub use proto::payments_server::{Payments, PaymentsServer};
 pub use proto::{ChargeReply, ChargeRequest, RefundReply, RefundRequest};
