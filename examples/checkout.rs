@@ -261,7 +261,8 @@ where
         // The service polled ready takes this call; a clone stays for the next.
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
-        let loss = metadata(request.headers(), "idempotency-key").and_then(|key| self.faults.take(&key));
+        let loss =
+            metadata(request.headers(), "idempotency-key").and_then(|key| self.faults.take(&key));
         match loss {
             None => Box::pin(inner.call(request)),
             // hyper serves each HTTP/2 stream on its own task: this ends it,
@@ -947,7 +948,8 @@ impl Demo {
         destination: &str,
         amount_cents: i64,
     ) -> Result<reqwest::Response, BoxError> {
-        let body = json!({"amount_cents": amount_cents, "currency": "EUR", "destination": destination});
+        let body =
+            json!({"amount_cents": amount_cents, "currency": "EUR", "destination": destination});
         Ok(self
             .http
             .post(format!("{}/payments", self.payments_url))
@@ -976,9 +978,7 @@ impl Demo {
             }),
             IdempotencyKey::new(key)?,
         );
-        charge
-            .metadata_mut()
-            .insert("x-tenant-id", TENANT.parse()?);
+        charge.metadata_mut().insert("x-tenant-id", TENANT.parse()?);
         // The answer is in the trace; a status is an answer too.
         let _ = self.back_office.clone().charge(charge).await;
         Ok(())
@@ -1082,8 +1082,10 @@ async fn run() -> Result<bool, BoxError> {
     let orders_engine = Engine::<Sqlite>::open_sqlite(&orders_db).await?;
     orders::prepare(&orders_engine).await?;
     let orders_faults = LinkFaults::default();
+    // The whole call stays inside the order's 2 s claim lock.
     let charge_policy = RetryPolicy::default()
         .max_attempts(4)
+        .deadline(Duration::from_millis(1500))
         .attempt_timeout(CHARGE_ATTEMPT_TIMEOUT)
         .backoff(Duration::from_millis(10), Duration::from_millis(50));
     let orders_app = orders::router(Orders {
@@ -1142,7 +1144,11 @@ async fn run() -> Result<bool, BoxError> {
     // 1. The answer stalls on the way back; the client stops waiting and
     //    retries with the same key.
     let key = "key-ord-1001";
-    story.push(Planned::order("client retry after a lost response", "ord-1001", key));
+    story.push(Planned::order(
+        "client retry after a lost response",
+        "ord-1001",
+        key,
+    ));
     orders_faults.arm(key, Loss::Stall(Duration::from_secs(2)));
     let retries = ["client #1 -> orders", "client #2 -> orders"];
     demo.checkout_impatient(&retries, key, "ord-1001", 2500)
@@ -1160,7 +1166,11 @@ async fn run() -> Result<bool, BoxError> {
     //    commit); the order service's retry layer sends the charge again
     //    with the same derived key.
     let key = "key-ord-1003";
-    story.push(Planned::order("gRPC retry of a lost charge", "ord-1003", key));
+    story.push(Planned::order(
+        "gRPC retry of a lost charge",
+        "ord-1003",
+        key,
+    ));
     let charge_key = IdempotencyKey::new(key)?.child(CHARGE_CARD);
     payments_faults.arm(charge_key.as_str(), Loss::Cut);
     demo.checkout(&["client #1 -> gateway"], gateway, key, "ord-1003", 4200)
@@ -1170,7 +1180,11 @@ async fn run() -> Result<bool, BoxError> {
     //    charging (payments answers slowly), gets 409, waits the Retry-After
     //    it was told, and retries.
     let key = "key-ord-1004";
-    story.push(Planned::order("duplicate while the first runs", "ord-1004", key));
+    story.push(Planned::order(
+        "duplicate while the first runs",
+        "ord-1004",
+        key,
+    ));
     let charge_key = IdempotencyKey::new(key)?.child(CHARGE_CARD);
     payments_faults.arm(charge_key.as_str(), Loss::Stall(Duration::from_millis(400)));
     // 5. The gRPC call is dropped while payments is still charging (the card
@@ -1179,7 +1193,11 @@ async fn run() -> Result<bool, BoxError> {
     //    gets the charge's reply. It runs while the double click's client
     //    waits its Retry-After, once the first checkout has its charge.
     let slow_key = "key-ord-1005";
-    story.push(Planned::order("gRPC retry while the charge runs", "ord-1005", slow_key));
+    story.push(Planned::order(
+        "gRPC retry while the charge runs",
+        "ord-1005",
+        slow_key,
+    ));
     let slow_charge_key = IdempotencyKey::new(slow_key)?.child(CHARGE_CARD);
     let first_then_slow = async {
         demo.checkout(&["client #1 -> orders"], orders, key, "ord-1004", 990)
@@ -1211,7 +1229,11 @@ async fn run() -> Result<bool, BoxError> {
 
     // 7. A buggy client reuses a key for a different amount.
     let key = "key-ord-1007";
-    story.push(Planned::order("key reused with a changed amount", "ord-1007", key));
+    story.push(Planned::order(
+        "key reused with a changed amount",
+        "ord-1007",
+        key,
+    ));
     demo.checkout(&["client #1 -> gateway"], gateway, key, "ord-1007", 5000)
         .await?;
     demo.checkout(&["client #2 -> gateway"], gateway, key, "ord-1007", 7500)
@@ -1242,7 +1264,11 @@ async fn run() -> Result<bool, BoxError> {
     drained(&orders_engine).await?;
     first_relay.shutdown().await;
     let key = "key-ord-1008";
-    story.push(Planned::order("relay crash after delivery", "ord-1008", key));
+    story.push(Planned::order(
+        "relay crash after delivery",
+        "ord-1008",
+        key,
+    ));
     demo.checkout(&["client #1 -> orders"], orders, key, "ord-1008", 1200)
         .await?;
     let notification = IdempotencyKey::new(key)?.child(NOTIFY_ORDER);

@@ -162,12 +162,18 @@ async fn client_retries_through_a_restart<DB: TestBackend + Ledger>(
 
     // The kill landed mid-load: calls answered before it, calls retried
     // through it, and none failed.
-    assert!(first.iter().any(|r| r.at < killed), "answers before the kill");
+    assert!(
+        first.iter().any(|r| r.at < killed),
+        "answers before the kill"
+    );
     assert!(
         first.iter().filter(|r| r.attempts > 1).count() > 0,
         "some calls were retried through the restart"
     );
-    assert!(first.iter().any(|r| r.at > killed), "answers after the kill");
+    assert!(
+        first.iter().any(|r| r.at > killed),
+        "answers after the kill"
+    );
 
     // Exactly one charge per key, the one its reply names.
     let pool = DB::pool(db.url(), &Policy::default()).await;

@@ -380,9 +380,8 @@ impl RoundRobin {
 impl Service<http::Request<Body>> for RoundRobin {
     type Response = http::Response<Body>;
     type Error = BoxError;
-    type Future = std::pin::Pin<
-        Box<dyn Future<Output = Result<http::Response<Body>, BoxError>> + Send>,
-    >;
+    type Future =
+        std::pin::Pin<Box<dyn Future<Output = Result<http::Response<Body>, BoxError>> + Send>>;
 
     /// Always ready: the replica a call goes to is waited for in the call.
     fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
