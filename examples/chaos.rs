@@ -7,20 +7,22 @@
 //!
 //! The checkout demo's services run as separate processes (this program,
 //! re-executed with `--role`): the order service with its outbox relay, the
-//! payments service, and the notifications service. On `sqlite` each has its
-//! own SQLite file; on `postgres` each has its own database on one Postgres
-//! server (a throwaway cluster, or the server `IDEM_TEST_DATABASE_URL`
-//! names), and payments runs as two replicas on one database, which the
-//! order service calls through a round-robin client (each attempt goes to
-//! the next replica).
+//! payments service (its gRPC `Charge` and its HTTP API, from one store), and
+//! the notifications service. The order service charges over gRPC, through
+//! idem-client's retry layer. On `sqlite` each service has its own SQLite
+//! file; on `postgres` each has its own database on one Postgres server (a
+//! throwaway cluster, or the server `IDEM_TEST_DATABASE_URL` names), and
+//! payments runs as two replicas on one database, which the order service
+//! calls in turn (each attempt of a charge goes to the next replica).
 //!
 //! Concurrent clients (`--clients`, default 8) run `--checkouts` logical
 //! checkouts (default 1000, starting evenly spread over `--seconds`, default
 //! 120), each with its own `Idempotency-Key`, retried
 //! (with `idem-client`) until a definitive answer, then sent once more to
 //! get the replay. Meanwhile a chaos task, every 0.3 to 1.5 s, sends a
-//! random service SIGKILL (one time in five SIGTERM, a graceful stop) and
-//! restarts it 0.1 to 1 s later. When the checkouts are done the chaos stops, the outbox is
+//! service SIGKILL (one time in five SIGTERM, a graceful stop) and restarts
+//! it 0.1 to 1 s later: the first kills visit every service once, in a
+//! random order, then each victim is drawn at random. When the checkouts are done the chaos stops, the outbox is
 //! drained, every checkout is replayed once more, and the stores are read:
 //!
 //! - **lost**: a checkout without a definitive answer, or a 201 without its
@@ -30,8 +32,8 @@
 //!   answer, an answer other than 201, an order whose payment is not the
 //!   charge's, or an order, charge or notification no 201 announced.
 //!
-//! It prints one line per backend (ops, kills, retries, lost, duplicates,
-//! inconsistencies, elapsed) and exits non-zero if any of the last three is
+//! It prints one line per backend (ops, kills with the kills per service,
+//! retries, lost, duplicates, inconsistencies, elapsed) and exits non-zero if any of the last three is
 //! not zero. Every service process is killed when the run ends, and exits on
 //! its own if this program dies (its stdin closes).
 
@@ -41,6 +43,8 @@ mod notifications;
 mod orders;
 #[path = "services/payments.rs"]
 mod payments;
+#[path = "services/payments_grpc.rs"]
+mod payments_grpc;
 
 use std::collections::{HashMap, HashSet};
 use std::io::Read;
@@ -102,8 +106,10 @@ impl FlowBackend for Postgres {
 }
 
 /// `chaos --role orders|payments|notifications --listen ADDR --store URL
-/// [--payments URL,URL...] [--notifications URL]`: one service, until
-/// SIGTERM (a graceful stop) or until its stdin closes (the run ended).
+/// [--grpc-listen ADDR] [--payments URL,URL...] [--notifications URL]`: one
+/// service, until SIGTERM (a graceful stop) or until its stdin closes (the
+/// run ended). Payments serves gRPC on `--grpc-listen`; `--payments` names
+/// its replicas' gRPC URLs.
 async fn serve_role(args: &HashMap<String, String>) -> Result<(), BoxError> {
     // The run holds this process's stdin: when the run is gone, so is this.
     std::thread::spawn(|| {
@@ -122,7 +128,8 @@ async fn serve_role(args: &HashMap<String, String>) -> Result<(), BoxError> {
     match arg("role")?.as_str() {
         "payments" => {
             let store = payments::Store::open(Some(&store)).await?;
-            serve(listener, store.router(payments::Config::default()), None).await
+            let grpc = tokio::net::TcpListener::bind(arg("grpc-listen")?).await?;
+            serve_payments(listener, grpc, &store).await
         }
         "orders" if postgres => serve_orders::<Postgres>(listener, &store, args).await,
         "orders" => serve_orders::<Sqlite>(listener, &store, args).await,
@@ -145,8 +152,8 @@ async fn serve_orders<DB: FlowBackend>(
         .split(',')
         .map(str::to_owned)
         .collect();
-    // Each attempt of a charge goes to the next replica; the whole call
-    // stays well inside the order's 2 s claim lock.
+    // Each attempt of a charge goes to the next replica, over gRPC; the
+    // whole call stays well inside the order's 2 s claim lock.
     let policy = RetryPolicy::default()
         .max_attempts(4)
         .deadline(Duration::from_millis(1500))
@@ -155,12 +162,11 @@ async fn serve_orders<DB: FlowBackend>(
         .retry_after_cap(Duration::from_millis(300));
     let app = orders::router(Orders {
         engine: engine.clone(),
-        payments_url: replicas[0].clone(),
+        payments: orders::payments_client(orders::RoundRobin::new(&replicas)?, policy),
         notifications_url: args
             .get("notifications")
             .cloned()
             .ok_or("--notifications is required")?,
-        http: orders::round_robin(&replicas, policy)?,
     });
     let relay = orders::relay(
         &engine,
@@ -202,6 +208,41 @@ async fn serve(
     if let Some(relay) = relay {
         relay.shutdown().await;
     }
+    Ok(())
+}
+
+/// Serves payments' HTTP API on `http` and its gRPC `Charge` on `grpc`, from
+/// `store`, until SIGTERM stops both.
+async fn serve_payments(
+    http: tokio::net::TcpListener,
+    grpc: tokio::net::TcpListener,
+    store: &payments::Store,
+) -> Result<(), BoxError> {
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    println!(
+        "listening on http://{} (gRPC on http://{})",
+        http.local_addr()?,
+        grpc.local_addr()?
+    );
+    let until_stopped = |mut stopped: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = stopped.wait_for(|stop| *stop).await;
+    };
+    let http = axum::serve(http, store.router(payments::Config::default()))
+        .with_graceful_shutdown(until_stopped(stopped.clone()));
+    let grpc = tonic::transport::Server::builder()
+        .add_routes(payments_grpc::routes(store))
+        .serve_with_incoming_shutdown(
+            tonic::transport::server::TcpIncoming::from(grpc),
+            until_stopped(stopped),
+        );
+    let signal = async move {
+        terminate.recv().await;
+        let _ = stop.send(true);
+    };
+    let (http, grpc, ()) = tokio::join!(async { http.await }, grpc, signal);
+    http?;
+    grpc?;
     Ok(())
 }
 
@@ -323,6 +364,8 @@ struct Counters {
     retries: AtomicU64,
     sigkills: AtomicU64,
     sigterms: AtomicU64,
+    /// Kills per service, by name.
+    kills_by_service: std::sync::Mutex<std::collections::BTreeMap<String, u64>>,
 }
 
 /// A definitive answer: its status and every byte of its body.
@@ -477,6 +520,8 @@ struct Report {
     kills: u64,
     sigkills: u64,
     sigterms: u64,
+    /// `name count`, per service.
+    kills_by_service: String,
     retries: u64,
     lost: u64,
     duplicates: u64,
@@ -494,13 +539,14 @@ impl std::fmt::Display for Report {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "checkouts {} (201: {}) | ops {} | kills {} (SIGKILL {}, SIGTERM {}) | retries {} | lost {} | duplicates {} | inconsistencies {} | elapsed {:.1} s",
+            "checkouts {} (201: {}) | ops {} | kills {} (SIGKILL {}, SIGTERM {}; {}) | retries {} | lost {} | duplicates {} | inconsistencies {} | elapsed {:.1} s",
             self.checkouts,
             self.created,
             self.ops,
             self.kills,
             self.sigkills,
             self.sigterms,
+            self.kills_by_service,
             self.retries,
             self.lost,
             self.duplicates,
@@ -576,14 +622,14 @@ async fn run_backend<DB: FlowBackend>(
     )];
     let mut replicas = Vec::new();
     for n in 0..stores.payments_replicas {
-        let port = free_port()?;
-        replicas.push(format!("http://127.0.0.1:{port}"));
+        let (port, grpc_port) = (free_port()?, free_port()?);
+        replicas.push(format!("http://127.0.0.1:{grpc_port}"));
         services.push(Service::new(
             &format!("payments-{}", n + 1),
             "payments",
             port,
             &stores.payments,
-            &[],
+            &[("grpc-listen", format!("127.0.0.1:{grpc_port}"))],
         ));
     }
     let orders_port = free_port()?;
@@ -610,7 +656,7 @@ async fn run_backend<DB: FlowBackend>(
             .collect::<Vec<_>>()
             .join(", "),
         if name == "sqlite" { "SQLite files" } else { "one Postgres server" },
-        if replicas.len() > 1 { "payments replicas called round-robin" } else { "one payments process" },
+        if replicas.len() > 1 { "payments replicas charged over gRPC in turn" } else { "one payments process, charged over gRPC" },
         options.checkouts,
         options.clients,
         options.spread
@@ -620,20 +666,32 @@ async fn run_backend<DB: FlowBackend>(
     let counters = Arc::new(Counters::default());
     let stop = Arc::new(AtomicBool::new(false));
 
-    // The chaos task: kill a random service, restart it, wait, again.
+    // The chaos task: kill a service, restart it, wait, again. Every service
+    // once first, in a random order, so that each is killed at least once;
+    // then at random.
     let chaos = {
         let services = services.clone();
         let counters = counters.clone();
         let stop = stop.clone();
         let mut rng = fastrand::Rng::with_seed(options.seed ^ 0x5eed);
         tokio::spawn(async move {
+            let mut first_round: Vec<usize> = (0..services.lock().await.len()).collect();
+            rng.shuffle(&mut first_round);
             while !stop.load(Ordering::SeqCst) {
                 tokio::time::sleep(Duration::from_millis(rng.u64(300..=1500))).await;
                 if stop.load(Ordering::SeqCst) {
                     break;
                 }
                 let mut services = services.lock().await;
-                let victim = rng.usize(..services.len());
+                let victim = first_round
+                    .pop()
+                    .unwrap_or_else(|| rng.usize(..services.len()));
+                *counters
+                    .kills_by_service
+                    .lock()
+                    .unwrap()
+                    .entry(services[victim].name.clone())
+                    .or_default() += 1;
                 let graceful = rng.u8(..5) == 0;
                 services[victim].stop(graceful).await?;
                 let counter = if graceful {
@@ -818,6 +876,14 @@ async fn run_backend<DB: FlowBackend>(
     report.sigkills = counters.sigkills.load(Ordering::Relaxed);
     report.sigterms = counters.sigterms.load(Ordering::Relaxed);
     report.kills = report.sigkills + report.sigterms;
+    report.kills_by_service = counters
+        .kills_by_service
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|(name, kills)| format!("{name} {kills}"))
+        .collect::<Vec<_>>()
+        .join(", ");
     report.elapsed = started.elapsed();
     // The services stop here (killed on drop), before their stores go.
     drop(services);

@@ -1,11 +1,11 @@
 //! The retry story, end to end, over real sockets in one process:
 //!
 //! ```text
-//! client ──► gateway ──► order service ──► mesh sidecar ──► payments service
-//!            (retries)   POST /checkout    (retries)        POST /payments
-//!                        orders.db                          payments.db
-//!                          │ outbox
-//!                          ▼
+//! client ──► gateway ──► order service ──► idem-client's ──► payments service
+//!            (retries)   POST /checkout    gRPC retry        gRPC Charge
+//!                        orders.db         layer             payments.db
+//!                          │ outbox                          HTTP /payments
+//!                          ▼                                 (the same store)
 //!                        relay ──► notifications service
 //!                        (webhook   POST /notifications
 //!                         sink)     notifications.db
@@ -16,30 +16,38 @@
 //! `payments.db` and `notifications.db` in `DIR` for `idem inspect`)
 //!
 //! The order service's `POST /checkout` is an `#[idempotent(http)]` handler:
-//! it charges the card through the mesh with the derived key
-//! `order_key.child(CHARGE_CARD)` (= `child_key(order_key, "charge-card.v1")`),
-//! records the order and enqueues a notification (id
-//! `order_key.child(NOTIFY_ORDER)`) in the claim's transaction. A relay
-//! delivers the outbox through the webhook sink (signed per Standard
-//! Webhooks) to the notifications service, whose receiver verifies the
-//! signature and records the notification under an inbox claim keyed on
-//! `webhook-id`. The gateway and the mesh
-//! are small retrying proxies: each retries once when its upstream answer is
-//! lost (connection dropped) or late. Every hop that retries (client, gateway,
-//! order service, mesh) does it with `idem-client`, keeping the key and body.
-//! Answers are really lost: a demo-only
-//! layer on each service, armed per key, drops the connection after the
-//! commit or holds the answer back.
+//! it charges the card with payments' gRPC `Charge`, with the derived key
+//! `order_key.child(CHARGE_CARD)` (= `child_key(order_key, "charge-card.v1")`)
+//! in the `idempotency-key` metadata entry and the tenant in `x-tenant-id`,
+//! through idem-client's gRPC retry layer; then it records the order and
+//! enqueues a notification (id `order_key.child(NOTIFY_ORDER)`) in the
+//! claim's transaction. A relay delivers the outbox through the webhook sink
+//! (signed per Standard Webhooks) to the notifications service, whose
+//! receiver verifies the signature and records the notification under an
+//! inbox claim keyed on `webhook-id`. The payments service serves its HTTP
+//! API (`POST /payments`, `GET /payments`) from the same store and the same
+//! `payments` table as its gRPC `Charge`, each transport under its own step.
+//!
+//! The gateway is a small retrying proxy: it retries once when its upstream
+//! answer is lost (connection dropped) or late. Every hop that retries
+//! (client, gateway, order service) does it with `idem-client`, keeping the
+//! key and the body or message. Answers are really lost: a demo-only layer on
+//! each service (axum middleware for HTTP, a tower layer on the gRPC server),
+//! armed per key, drops the answer after the commit, holds it back, or drops
+//! the call while the charge runs on.
 //!
 //! The demo plays the guide's retries (a client retry after a lost response, a
-//! gateway retry, a mesh retry, a duplicate while the first attempt runs, a crash after commit,
-//! a key reused with a changed amount), then a relay crash: a relay process
+//! gateway retry, the gRPC layer's retry of a lost charge, a duplicate while
+//! the first attempt runs, a crash after commit, a key reused with a changed
+//! amount, a gRPC retry that meets the charge still running, a key claimed
+//! over HTTP and retried over gRPC), then a relay crash: a relay process
 //! (this program, run with `--relay-process ORDERS_DB`, its relay armed with
 //! the `relay-after-publish` fault) dies after a notification is delivered
 //! and before it is marked sent, and another relay delivers it again after
-//! the lease. It prints every attempt in the order it
-//! started and what it got, checks that each order was charged and notified
-//! exactly once, and exits non-zero if not.
+//! the lease. It prints every attempt in the order it started and what it
+//! got, checks from the stores (the charges as payments' HTTP `GET /payments`
+//! lists them) that each order was charged and notified exactly once and each
+//! charge made once, and exits non-zero if not.
 
 #[path = "services/notifications.rs"]
 mod notifications;
@@ -47,11 +55,16 @@ mod notifications;
 mod orders;
 #[path = "services/payments.rs"]
 mod payments;
+#[path = "services/payments_grpc.rs"]
+mod payments_grpc;
 
 use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use axum::extract::{Request, State};
@@ -60,19 +73,32 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::Router;
 use idem::faults::FaultPoint;
+use idem::http::problem::types;
 use idem::outbox::{self, Backoff, Relay};
-use idem::{Engine, IdempotencyKey, Problem};
+use idem::{Engine, IdempotencyKey, Policy, Problem};
 use idem_client::reqwest_middleware::{self, ClientWithMiddleware};
-use idem_client::{IdempotentRetry, RequestBuilderExt, ResponseExt, RetryPolicy};
-use orders::{Orders, CHARGE_CARD, NOTIFY_ORDER, PLACE_ORDER};
+use idem_client::{grpc, IdempotentRetry, RequestBuilderExt, ResponseExt, RetryPolicy};
+use orders::{ChargeChannel, Orders, CHARGE_CARD, NOTIFY_ORDER, PLACE_ORDER};
+use payments_grpc::{CardNetworkDelay, ChargeRequest, PaymentsClient};
 use serde_json::json;
 use sqlx::Sqlite;
+use tonic::body::Body;
+use tonic::codegen::http;
+use tonic::transport::server::TcpIncoming;
+use tonic::Code;
+use tower::Service;
 
 const TENANT: &str = "shop-1";
-/// How long the gateway and the mesh wait for an upstream answer.
+/// How long the gateway waits for an upstream answer.
 const PROXY_TIMEOUT: Duration = Duration::from_secs(3);
 /// How long the client of the first story waits before giving up on a read.
 const CLIENT_TIMEOUT: Duration = Duration::from_millis(500);
+/// How long the order service's gRPC retry layer waits for one attempt of a
+/// charge.
+const CHARGE_ATTEMPT_TIMEOUT: Duration = Duration::from_secs(1);
+/// How long a duplicate charge waits for the attempt holding its key before
+/// payments answers `ABORTED` (the payments store's `wait_timeout`).
+const PAYMENTS_WAIT: Duration = Duration::from_millis(100);
 /// How long a relay leases a message: after a relay dies, another one
 /// delivers the message again once this has passed.
 const RELAY_LEASE: Duration = Duration::from_millis(600);
@@ -109,7 +135,9 @@ async fn trace_deliveries(State(trace): State<Trace>, request: Request, next: Ne
     let got = match response.status().as_u16() {
         200 if response.headers().contains_key("idempotent-replayed") => Got::RecordedBefore,
         200 => Got::Recorded,
-        status => Got::Other { status },
+        status => Got::Other {
+            answer: Answered::Status(status),
+        },
     };
     trace.record(seq, &id, format!("{who} -> notifications"), got);
     response
@@ -157,15 +185,19 @@ async fn relay_process(orders_db: &str) -> Result<bool, BoxError> {
 // Lost answers: a demo-only layer on each service, armed per key
 // ---------------------------------------------------------------------------
 
-/// How the next answer for a key is lost, after the handler has committed.
+/// How the next answer for a key is lost.
 #[derive(Clone, Copy)]
 enum Loss {
-    /// The connection dies without an answer, as when the process crashes
-    /// right after the commit.
+    /// After the handler has committed, the connection dies without an
+    /// answer, as when the process crashes right after the commit.
     Cut,
-    /// The answer is held back this long (a stalled link); whoever waits
-    /// less gives up.
+    /// After the handler has committed, the answer is held back this long (a
+    /// stalled link); whoever waits less gives up.
     Stall(Duration),
+    /// gRPC only: the call is dropped while the charge is still running, and
+    /// the charge runs on (the card network takes this long, inside the
+    /// charge's claim) as a call already made to another system does.
+    CutWhileCharging(Duration),
 }
 
 /// Keys whose next answer is lost.
@@ -191,7 +223,7 @@ async fn lose_answers(State(faults): State<LinkFaults>, request: Request, next: 
     match key.and_then(|key| faults.take(&key)) {
         // axum serves each connection on its own task: this ends it, and the
         // peer sees the connection close with no answer.
-        Some(Loss::Cut) => std::panic::panic_any(ConnectionCut),
+        Some(Loss::Cut | Loss::CutWhileCharging(_)) => std::panic::panic_any(ConnectionCut),
         Some(Loss::Stall(delay)) => {
             tokio::time::sleep(delay).await;
             response
@@ -200,12 +232,96 @@ async fn lose_answers(State(faults): State<LinkFaults>, request: Request, next: 
     }
 }
 
-fn header(request: &Request, name: &str) -> Option<String> {
-    request
-        .headers()
+/// The gRPC server's counterpart of [`lose_answers`]: a tower layer around
+/// the server's routes, armed per `idempotency-key`.
+#[derive(Clone)]
+struct LoseGrpcAnswers<S> {
+    inner: S,
+    faults: LinkFaults,
+}
+
+type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
+impl<S> Service<http::Request<Body>> for LoseGrpcAnswers<S>
+where
+    S: Service<http::Request<Body>> + Clone + Send + 'static,
+    S::Future: Send,
+    S::Response: Send,
+    S::Error: Send,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = BoxFuture<Result<S::Response, S::Error>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut request: http::Request<Body>) -> Self::Future {
+        // The service polled ready takes this call; a clone stays for the next.
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let loss =
+            metadata(request.headers(), "idempotency-key").and_then(|key| self.faults.take(&key));
+        match loss {
+            None => Box::pin(inner.call(request)),
+            // hyper serves each HTTP/2 stream on its own task: this ends it,
+            // and the peer sees the stream reset with no answer.
+            Some(Loss::Cut) => Box::pin(async move {
+                let _committed = inner.call(request).await;
+                std::panic::panic_any(ConnectionCut)
+            }),
+            Some(Loss::Stall(delay)) => Box::pin(async move {
+                let response = inner.call(request).await;
+                tokio::time::sleep(delay).await;
+                response
+            }),
+            Some(Loss::CutWhileCharging(delay)) => {
+                request.extensions_mut().insert(CardNetworkDelay(delay));
+                // The charge runs on its own task, which outlives the call.
+                let charging = tokio::spawn(inner.call(request));
+                Box::pin(async move {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    drop(charging);
+                    std::panic::panic_any(ConnectionCut)
+                })
+            }
+        }
+    }
+}
+
+/// Serves `routes` (gRPC) on an ephemeral loopback port behind
+/// [`LoseGrpcAnswers`]; its `http://` URL.
+async fn start_grpc(
+    routes: tonic::service::Routes,
+    faults: &LinkFaults,
+) -> Result<String, BoxError> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let base = format!("http://{}", listener.local_addr()?);
+    let faults = faults.clone();
+    let server = tonic::transport::Server::builder()
+        .layer(tower::layer::layer_fn(move |inner| LoseGrpcAnswers {
+            inner,
+            faults: faults.clone(),
+        }))
+        .add_routes(routes)
+        .serve_with_incoming(TcpIncoming::from(listener));
+    tokio::spawn(async move {
+        let _ = server.await;
+    });
+    Ok(base)
+}
+
+/// A metadata entry (or header) as text, a structured-field string unquoted.
+fn metadata(headers: &http::HeaderMap, name: &str) -> Option<String> {
+    headers
         .get(name)
         .and_then(|v| v.to_str().ok())
         .map(|v| v.trim_matches('"').to_owned())
+}
+
+fn header(request: &Request, name: &str) -> Option<String> {
+    metadata(request.headers(), name)
 }
 
 // ---------------------------------------------------------------------------
@@ -220,33 +336,70 @@ struct Event {
     got: Got,
 }
 
-/// What one attempt got: a line of the table, a value of `--json`.
+/// What one attempt got: a line of the table, a value of `--json`. An HTTP
+/// answer has a `status`, a gRPC one a `code` (as gRPC spells it).
 #[derive(Clone, Debug, serde::Serialize)]
 #[serde(tag = "got", rename_all = "snake_case")]
 enum Got {
-    /// The work ran and answered `status`.
-    Executed { status: u16 },
+    /// The work ran and answered `status` (HTTP) or `code` (gRPC).
+    Executed {
+        #[serde(flatten)]
+        answer: Answered,
+    },
     /// The stored answer, replayed.
-    Replayed { status: u16 },
+    Replayed {
+        #[serde(flatten)]
+        answer: Answered,
+    },
     /// 409: another attempt holds the key; come back after `retry_after` seconds.
     InProgress { retry_after: String },
-    /// 422: the key was used before with another request.
-    KeyReused,
+    /// gRPC `ABORTED`, idem's in-progress answer: another attempt holds the
+    /// key; come back after `pushback_ms` (`grpc-retry-pushback-ms`).
+    Aborted { pushback_ms: String },
+    /// 422 (HTTP) or `FAILED_PRECONDITION` (gRPC): the key was used before
+    /// with another request.
+    KeyReused {
+        #[serde(flatten)]
+        answer: Answered,
+    },
     /// The notifications inbox recorded a delivery.
     Recorded,
     /// The notifications inbox answered a redelivery from its record.
     RecordedBefore,
-    /// Any other status.
-    Other { status: u16 },
-    /// No answer came back: the connection dropped, or none within `timeout_ms`.
+    /// Any other answer.
+    Other {
+        #[serde(flatten)]
+        answer: Answered,
+    },
+    /// No answer came back: the connection dropped (the HTTP/2 stream was
+    /// reset, for a gRPC call), or none came within `timeout_ms`.
     NoAnswer {
         timeout_ms: Option<u128>,
+        #[serde(skip_serializing_if = "std::ops::Not::not")]
+        stream_reset: bool,
         then: Then,
     },
     /// The relay process died where the demo made it die.
     ProcessDied,
     /// The relay process exited instead of dying.
     Exited { code: i32 },
+}
+
+/// An answer's status: an HTTP status or a gRPC code.
+#[derive(Clone, Copy, Debug, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+enum Answered {
+    Status(u16),
+    Code(&'static str),
+}
+
+impl std::fmt::Display for Answered {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Answered::Status(status) => write!(f, "{status}"),
+            Answered::Code(code) => f.write_str(code),
+        }
+    }
 }
 
 /// What the caller did after an attempt got no answer.
@@ -264,24 +417,35 @@ enum Then {
 impl std::fmt::Display for Got {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Got::Executed { status } => write!(f, "{status} executed"),
-            Got::Replayed { status } => write!(f, "{status} replayed"),
+            Got::Executed { answer } => write!(f, "{answer} executed"),
+            Got::Replayed { answer } => write!(f, "{answer} replayed"),
             Got::InProgress { retry_after } => {
                 write!(f, "409 in progress, Retry-After {retry_after}")
             }
-            Got::KeyReused => f.write_str("422 key reused with a different request"),
+            Got::Aborted { pushback_ms } => {
+                write!(f, "ABORTED in progress, pushback {pushback_ms} ms")
+            }
+            Got::KeyReused { answer } => write!(f, "{answer} key reused with a different request"),
             Got::Recorded => f.write_str("200 recorded"),
             Got::RecordedBefore => f.write_str("200 replayed: recorded before"),
-            Got::Other { status } => {
+            Got::Other {
+                answer: Answered::Status(status),
+            } => {
                 let reason = StatusCode::from_u16(*status)
                     .ok()
                     .and_then(|s| s.canonical_reason())
                     .unwrap_or("");
                 write!(f, "{status} {reason}")
             }
-            Got::NoAnswer { timeout_ms, then } => {
+            Got::Other { answer } => write!(f, "{answer}"),
+            Got::NoAnswer {
+                timeout_ms,
+                stream_reset,
+                then,
+            } => {
                 match timeout_ms {
                     Some(ms) => write!(f, "no answer within {ms}ms")?,
+                    None if *stream_reset => f.write_str("no answer: stream reset")?,
                     None => f.write_str("no answer: connection dropped")?,
                 }
                 match then {
@@ -397,7 +561,177 @@ fn traced_client(policy: RetryPolicy, trace: &Trace) -> ClientWithMiddleware {
 }
 
 // ---------------------------------------------------------------------------
-// The gateway and the mesh sidecar: one retrying proxy, twice
+// The gRPC hop's attempts
+// ---------------------------------------------------------------------------
+
+/// Records each attempt of a gRPC call in the trace, as `hop #n` (the key's
+/// n-th attempt through this hop). It sits below idem-client's
+/// [`grpc::IdempotentRetryLayer`], so it sees every attempt; an attempt the
+/// layer stops waiting for (past [`CHARGE_ATTEMPT_TIMEOUT`]) is recorded
+/// when the layer drops it.
+#[derive(Clone)]
+struct TraceGrpcAttempts<S> {
+    inner: S,
+    hop: &'static str,
+    trace: Trace,
+    attempts: Arc<Mutex<HashMap<String, u32>>>,
+}
+
+impl<S> TraceGrpcAttempts<S> {
+    fn new(inner: S, hop: &'static str, trace: &Trace) -> Self {
+        Self {
+            inner,
+            hop,
+            trace: trace.clone(),
+            attempts: Arc::default(),
+        }
+    }
+}
+
+impl<S> Service<http::Request<Body>> for TraceGrpcAttempts<S>
+where
+    S: Service<http::Request<Body>, Response = http::Response<Body>> + Clone + Send + 'static,
+    S::Future: Send,
+    S::Error: Into<BoxError>,
+{
+    type Response = http::Response<Body>;
+    type Error = BoxError;
+    type Future = BoxFuture<Result<http::Response<Body>, BoxError>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        self.inner.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, request: http::Request<Body>) -> Self::Future {
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let key = metadata(request.headers(), "idempotency-key").unwrap_or_default();
+        let attempt = {
+            let mut attempts = self.attempts.lock().unwrap();
+            let attempt = attempts.entry(key.clone()).or_default();
+            *attempt += 1;
+            *attempt
+        };
+        let mut pending = PendingAttempt {
+            seq: self.trace.start(),
+            trace: self.trace.clone(),
+            key,
+            who: format!("{} #{attempt}", self.hop),
+            done: false,
+        };
+        Box::pin(async move {
+            let result = inner.call(request).await.map_err(Into::into);
+            pending.record(match &result {
+                Ok(response) => describe_grpc(response),
+                // The server's stream was reset (HTTP/2 `RST_STREAM`): no answer.
+                Err(_) => Got::NoAnswer {
+                    timeout_ms: None,
+                    stream_reset: true,
+                    then: Then::Retries,
+                },
+            });
+            result
+        })
+    }
+}
+
+/// An attempt in flight: recorded with what it got, or, if it is dropped
+/// first, as cut off at its timeout.
+struct PendingAttempt {
+    seq: u64,
+    trace: Trace,
+    key: String,
+    who: String,
+    done: bool,
+}
+
+impl PendingAttempt {
+    fn record(&mut self, got: Got) {
+        self.done = true;
+        self.trace
+            .record(self.seq, &self.key, std::mem::take(&mut self.who), got);
+    }
+}
+
+impl Drop for PendingAttempt {
+    fn drop(&mut self) {
+        if !self.done {
+            self.record(Got::NoAnswer {
+                timeout_ms: Some(CHARGE_ATTEMPT_TIMEOUT.as_millis()),
+                stream_reset: false,
+                then: Then::Retries,
+            });
+        }
+    }
+}
+
+/// What a gRPC answer means, from its headers: a status there is a
+/// trailers-only answer (how idem and tonic send a status); without one, a
+/// reply message follows.
+fn describe_grpc(response: &http::Response<Body>) -> Got {
+    let headers = response.headers();
+    let Some(code) = headers
+        .get("grpc-status")
+        .map(|v| Code::from_bytes(v.as_bytes()))
+    else {
+        let answer = Answered::Code("OK");
+        return if metadata(headers, "idempotent-replayed").as_deref() == Some("true") {
+            Got::Replayed { answer }
+        } else {
+            Got::Executed { answer }
+        };
+    };
+    let problem = metadata(headers, "idempotency-problem").unwrap_or_default();
+    match code {
+        Code::Aborted if problem == types::IN_PROGRESS => Got::Aborted {
+            pushback_ms: metadata(headers, "grpc-retry-pushback-ms").unwrap_or("?".into()),
+        },
+        Code::FailedPrecondition if problem == types::KEY_REUSED => Got::KeyReused {
+            answer: Answered::Code("FAILED_PRECONDITION"),
+        },
+        code => Got::Other {
+            answer: Answered::Code(code_name(code)),
+        },
+    }
+}
+
+/// A gRPC code as the specification spells it.
+fn code_name(code: Code) -> &'static str {
+    match code {
+        Code::Ok => "OK",
+        Code::Cancelled => "CANCELLED",
+        Code::Unknown => "UNKNOWN",
+        Code::InvalidArgument => "INVALID_ARGUMENT",
+        Code::DeadlineExceeded => "DEADLINE_EXCEEDED",
+        Code::NotFound => "NOT_FOUND",
+        Code::AlreadyExists => "ALREADY_EXISTS",
+        Code::PermissionDenied => "PERMISSION_DENIED",
+        Code::ResourceExhausted => "RESOURCE_EXHAUSTED",
+        Code::FailedPrecondition => "FAILED_PRECONDITION",
+        Code::Aborted => "ABORTED",
+        Code::OutOfRange => "OUT_OF_RANGE",
+        Code::Unimplemented => "UNIMPLEMENTED",
+        Code::Internal => "INTERNAL",
+        Code::Unavailable => "UNAVAILABLE",
+        Code::DataLoss => "DATA_LOSS",
+        Code::Unauthenticated => "UNAUTHENTICATED",
+    }
+}
+
+/// A payments client on the gRPC server at `url`, through idem-client's
+/// retry layer (by `policy`), its attempts traced as `hop #n`.
+fn traced_payments(
+    url: &str,
+    hop: &'static str,
+    policy: RetryPolicy,
+    trace: &Trace,
+) -> Result<PaymentsClient<ChargeChannel>, BoxError> {
+    let channel = TraceGrpcAttempts::new(orders::lazy_channel(url)?, hop, trace);
+    Ok(orders::payments_client(channel, policy))
+}
+
+// ---------------------------------------------------------------------------
+// The gateway: a retrying proxy
 // ---------------------------------------------------------------------------
 
 /// Forwards every request to `upstream`; when the answer is lost (the
@@ -405,7 +739,7 @@ fn traced_client(policy: RetryPolicy, trace: &Trace) -> ClientWithMiddleware {
 /// the same key, once more.
 #[derive(Clone)]
 struct RetryingProxy {
-    /// `gateway -> orders`, `mesh -> payments`: how the trace names a hop.
+    /// `gateway -> orders`: how the trace names the hop.
     hop: &'static str,
     upstream: String,
     http: ClientWithMiddleware,
@@ -442,6 +776,7 @@ fn proxy_no_answer(attempt: u32, error: &reqwest_middleware::Error) -> Got {
 fn no_answer(error: &reqwest_middleware::Error, timeout: Duration, then: Then) -> Got {
     Got::NoAnswer {
         timeout_ms: error.is_timeout().then_some(timeout.as_millis()),
+        stream_reset: false,
         then,
     }
 }
@@ -507,11 +842,15 @@ async fn relay(reply: reqwest::Response) -> Response {
     response
 }
 
-/// What an answer means.
+/// What an HTTP answer means.
 fn describe(reply: &reqwest::Response) -> Got {
     match reply.status().as_u16() {
-        status @ 200..300 if reply.replayed() => Got::Replayed { status },
-        status @ 200..300 => Got::Executed { status },
+        status @ 200..300 if reply.replayed() => Got::Replayed {
+            answer: Answered::Status(status),
+        },
+        status @ 200..300 => Got::Executed {
+            answer: Answered::Status(status),
+        },
         409 => Got::InProgress {
             retry_after: reply
                 .headers()
@@ -520,8 +859,12 @@ fn describe(reply: &reqwest::Response) -> Got {
                 .unwrap_or("?")
                 .to_owned(),
         },
-        422 => Got::KeyReused,
-        status => Got::Other { status },
+        422 => Got::KeyReused {
+            answer: Answered::Status(422),
+        },
+        status => Got::Other {
+            answer: Answered::Status(status),
+        },
     }
 }
 
@@ -543,8 +886,11 @@ struct Demo {
     http: ClientWithMiddleware,
     /// The client of the first story: gives up on an attempt after [`CLIENT_TIMEOUT`].
     impatient: ClientWithMiddleware,
+    /// A back office's gRPC client of payments, through idem-client's retry layer.
+    back_office: PaymentsClient<ChargeChannel>,
     orders_url: String,
     gateway_url: String,
+    payments_url: String,
 }
 
 impl Demo {
@@ -590,6 +936,52 @@ impl Demo {
             .body(body.to_string())
             .send()
             .await?)
+    }
+}
+
+impl Demo {
+    /// One charge straight to payments' HTTP `POST /payments`.
+    async fn charge_over_http(
+        &self,
+        names: &[&str],
+        key: &str,
+        destination: &str,
+        amount_cents: i64,
+    ) -> Result<reqwest::Response, BoxError> {
+        let body =
+            json!({"amount_cents": amount_cents, "currency": "EUR", "destination": destination});
+        Ok(self
+            .http
+            .post(format!("{}/payments", self.payments_url))
+            .idempotency_key(IdempotencyKey::new(key)?)
+            .with_extension(Traced::new(key, names, client_no_answer))
+            .header("x-tenant-id", TENANT)
+            .header("content-type", "application/json")
+            .body(body.to_string())
+            .send()
+            .await?)
+    }
+
+    /// The same charge through payments' gRPC `Charge`: its answer or status.
+    async fn charge_over_grpc(
+        &self,
+        key: &str,
+        destination: &str,
+        amount_cents: i64,
+    ) -> Result<(), BoxError> {
+        let mut charge = grpc::with_key(
+            tonic::Request::new(ChargeRequest {
+                amount_cents,
+                currency: "EUR".into(),
+                destination: destination.into(),
+                ..ChargeRequest::default()
+            }),
+            IdempotencyKey::new(key)?,
+        );
+        charge.metadata_mut().insert("x-tenant-id", TENANT.parse()?);
+        // The answer is in the trace; a status is an answer too.
+        let _ = self.back_office.clone().charge(charge).await;
+        Ok(())
     }
 }
 
@@ -666,36 +1058,45 @@ async fn run() -> Result<bool, BoxError> {
     };
     let trace = Trace::default();
 
-    // payments: migrates, validates the step registry, serves.
+    // payments: migrates, validates the step registry, serves gRPC (with the
+    // layer that loses answers) and its HTTP API, both from one store.
     let payments_db = dir.path().join("payments.db");
-    let payments_store = payments::Store::open(Some(&payments_db.display().to_string())).await?;
-    let payments_faults = LinkFaults::default();
-    let payments_url = start(payments_store.router(payments::Config::default()).layer(
-        middleware::from_fn_with_state(payments_faults.clone(), lose_answers),
-    ))
+    let payments_store = payments::Store::open_with(
+        Some(&payments_db.display().to_string()),
+        Policy::default().with_wait_timeout(PAYMENTS_WAIT),
+    )
     .await?;
-    let mesh_url =
-        start(RetryingProxy::new("mesh -> payments", payments_url.clone(), &trace).router())
-            .await?;
+    let payments_faults = LinkFaults::default();
+    let payments_grpc_url =
+        start_grpc(payments_grpc::routes(&payments_store), &payments_faults).await?;
+    let payments_url = start(payments_store.router(payments::Config::default())).await?;
 
     // notifications: a webhook receiver over an inbox, on its own SQLite file.
     let (notifications_engine, notifications_url) =
         notifications_service(&dir.path().join("notifications.db"), &trace).await?;
 
     // orders: the same start-up, then the gateway in front of it, and the
-    // relay delivering its outbox to notifications.
+    // relay delivering its outbox to notifications. It charges over gRPC,
+    // retrying a lost or late answer and idem's in-progress `ABORTED`.
     let orders_db = dir.path().join("orders.db");
     let orders_engine = Engine::<Sqlite>::open_sqlite(&orders_db).await?;
     orders::prepare(&orders_engine).await?;
     let orders_faults = LinkFaults::default();
+    // The whole call stays inside the order's 2 s claim lock.
+    let charge_policy = RetryPolicy::default()
+        .max_attempts(4)
+        .deadline(Duration::from_millis(1500))
+        .attempt_timeout(CHARGE_ATTEMPT_TIMEOUT)
+        .backoff(Duration::from_millis(10), Duration::from_millis(50));
     let orders_app = orders::router(Orders {
         engine: orders_engine.clone(),
-        payments_url: mesh_url.clone(),
+        payments: traced_payments(
+            &payments_grpc_url,
+            "orders -> payments",
+            charge_policy.clone(),
+            &trace,
+        )?,
         notifications_url: notifications_url.clone(),
-        http: idem_client::client(
-            reqwest::Client::new(),
-            RetryPolicy::default().max_attempts(2),
-        ),
     })
     .layer(middleware::from_fn_with_state(
         orders_faults.clone(),
@@ -711,13 +1112,14 @@ async fn run() -> Result<bool, BoxError> {
     ));
     say(format!("       --> orders   {orders_url}   POST /checkout, #[idempotent(http)], step {PLACE_ORDER}, SQLite"));
     say(format!(
-        "orders --> mesh     {mesh_url}   retries once on a lost or late answer"
+        "orders --> payments {payments_grpc_url}   gRPC Charge, #[idempotent(grpc)], step {CHARGE_CARD}, through idem-client's gRPC retry layer"
     ));
     say(format!(
-        "       --> payments {payments_url}   POST /payments, #[idempotent(http)], SQLite"
+        "           payments {payments_url}   HTTP POST and GET /payments, #[idempotent(http)], step {}: the same SQLite file and payments table",
+        payments::CREATE_PAYMENT
     ));
     say(format!("orders --> outbox --> relay --> notifications {notifications_url}   Standard Webhooks, inbox keyed on webhook-id, SQLite"));
-    say(format!("the charge's key: order key .child({CHARGE_CARD}) = child_key(order key, \"{CHARGE_CARD}\")"));
+    say(format!("the charge's key: order key .child({CHARGE_CARD}) = child_key(order key, \"{CHARGE_CARD}\"), in the idempotency-key metadata entry"));
     say(format!("the notification's id: order key .child({NOTIFY_ORDER}), enqueued in the order's transaction\n"));
 
     let demo = Demo {
@@ -726,17 +1128,27 @@ async fn run() -> Result<bool, BoxError> {
             RetryPolicy::default().attempt_timeout(CLIENT_TIMEOUT),
             &trace,
         ),
+        back_office: traced_payments(
+            &payments_grpc_url,
+            "back office -> gRPC",
+            charge_policy,
+            &trace,
+        )?,
         orders_url: orders_url.clone(),
         gateway_url: gateway_url.clone(),
+        payments_url: payments_url.clone(),
     };
     let (orders, gateway) = (&demo.orders_url, &demo.gateway_url);
-    // (logical operation, order, key)
-    let mut story: Vec<(&str, &str, &str)> = Vec::new();
+    let mut story: Vec<Planned> = Vec::new();
 
     // 1. The answer stalls on the way back; the client stops waiting and
     //    retries with the same key.
     let key = "key-ord-1001";
-    story.push(("client retry after a lost response", "ord-1001", key));
+    story.push(Planned::order(
+        "client retry after a lost response",
+        "ord-1001",
+        key,
+    ));
     orders_faults.arm(key, Loss::Stall(Duration::from_secs(2)));
     let retries = ["client #1 -> orders", "client #2 -> orders"];
     demo.checkout_impatient(&retries, key, "ord-1001", 2500)
@@ -745,15 +1157,20 @@ async fn run() -> Result<bool, BoxError> {
     // 2. The order service's answer to the gateway is lost (the connection
     //    drops after the commit); the gateway retries on its own.
     let key = "key-ord-1002";
-    story.push(("gateway retry", "ord-1002", key));
+    story.push(Planned::order("gateway retry", "ord-1002", key));
     orders_faults.arm(key, Loss::Cut);
     demo.checkout(&["client #1 -> gateway"], gateway, key, "ord-1002", 1800)
         .await?;
 
-    // 3. Payments' answer to the mesh is lost; the sidecar retries the charge
+    // 3. Payments' gRPC answer is lost (the stream is reset after the
+    //    commit); the order service's retry layer sends the charge again
     //    with the same derived key.
     let key = "key-ord-1003";
-    story.push(("mesh retry of the charge", "ord-1003", key));
+    story.push(Planned::order(
+        "gRPC retry of a lost charge",
+        "ord-1003",
+        key,
+    ));
     let charge_key = IdempotencyKey::new(key)?.child(CHARGE_CARD);
     payments_faults.arm(charge_key.as_str(), Loss::Cut);
     demo.checkout(&["client #1 -> gateway"], gateway, key, "ord-1003", 4200)
@@ -763,45 +1180,96 @@ async fn run() -> Result<bool, BoxError> {
     //    charging (payments answers slowly), gets 409, waits the Retry-After
     //    it was told, and retries.
     let key = "key-ord-1004";
-    story.push(("duplicate while the first runs", "ord-1004", key));
+    story.push(Planned::order(
+        "duplicate while the first runs",
+        "ord-1004",
+        key,
+    ));
     let charge_key = IdempotencyKey::new(key)?.child(CHARGE_CARD);
     payments_faults.arm(charge_key.as_str(), Loss::Stall(Duration::from_millis(400)));
-    let first = demo.checkout(&["client #1 -> orders"], orders, key, "ord-1004", 990);
+    // 5. The gRPC call is dropped while payments is still charging (the card
+    //    network is slow); the retry layer's next attempt meets the charge
+    //    still running, gets idem's ABORTED with a pushback, waits it, and
+    //    gets the charge's reply. It runs while the double click's client
+    //    waits its Retry-After, once the first checkout has its charge.
+    let slow_key = "key-ord-1005";
+    story.push(Planned::order(
+        "gRPC retry while the charge runs",
+        "ord-1005",
+        slow_key,
+    ));
+    let slow_charge_key = IdempotencyKey::new(slow_key)?.child(CHARGE_CARD);
+    let first_then_slow = async {
+        demo.checkout(&["client #1 -> orders"], orders, key, "ord-1004", 990)
+            .await?;
+        payments_faults.arm(
+            slow_charge_key.as_str(),
+            Loss::CutWhileCharging(Duration::from_millis(400)),
+        );
+        demo.checkout(&["client #1 -> orders"], orders, slow_key, "ord-1005", 2900)
+            .await
+    };
     let second = async {
         tokio::time::sleep(Duration::from_millis(150)).await;
         let retries = ["client #2 -> orders", "client #2 retry -> orders"];
         demo.checkout(&retries, orders, key, "ord-1004", 990).await
     };
-    let (a, b) = tokio::join!(first, second);
+    let (a, b) = tokio::join!(first_then_slow, second);
     a?;
     b?;
 
-    // 5. The order service commits, then its connection to the client dies
+    // 6. The order service commits, then its connection to the client dies
     //    before the answer leaves; the client retries later.
-    let key = "key-ord-1005";
-    story.push(("crash after commit", "ord-1005", key));
+    let key = "key-ord-1006";
+    story.push(Planned::order("crash after commit", "ord-1006", key));
     orders_faults.arm(key, Loss::Cut);
     let retries = ["client #1 -> orders", "client #2 -> orders"];
-    demo.checkout(&retries, orders, key, "ord-1005", 3100)
+    demo.checkout(&retries, orders, key, "ord-1006", 3100)
         .await?;
 
-    // 6. A buggy client reuses a key for a different amount.
-    let key = "key-ord-1006";
-    story.push(("key reused with a changed amount", "ord-1006", key));
-    demo.checkout(&["client #1 -> gateway"], gateway, key, "ord-1006", 5000)
+    // 7. A buggy client reuses a key for a different amount.
+    let key = "key-ord-1007";
+    story.push(Planned::order(
+        "key reused with a changed amount",
+        "ord-1007",
+        key,
+    ));
+    demo.checkout(&["client #1 -> gateway"], gateway, key, "ord-1007", 5000)
         .await?;
-    demo.checkout(&["client #2 -> gateway"], gateway, key, "ord-1006", 7500)
+    demo.checkout(&["client #2 -> gateway"], gateway, key, "ord-1007", 7500)
         .await?;
 
-    // 7. The first relay stops; relay B, in a process of its own, delivers an
+    // 8. One store, two transports: a back office charges over HTTP, then
+    //    retries that charge over gRPC with the same key. The key is taken,
+    //    by the HTTP request under its own step: the gRPC attempt is refused
+    //    and charges nothing; the retry over HTTP gets the replay.
+    let key = "key-pay-2001";
+    let destination = "merchant/back-office-2001";
+    story.push(Planned {
+        name: "HTTP charge retried over gRPC",
+        order: None,
+        key,
+        destination: destination.to_owned(),
+    });
+    demo.charge_over_http(&["back office -> HTTP"], key, destination, 650)
+        .await?;
+    demo.charge_over_grpc(key, destination, 650).await?;
+    demo.charge_over_http(&["back office retry -> HTTP"], key, destination, 650)
+        .await?;
+
+    // 9. The first relay stops; relay B, in a process of its own, delivers an
     //    order's notification, then the process dies before marking it sent.
     //    Once B's lease has passed, relay C delivers it again and the
     //    notifications inbox answers from its record.
     drained(&orders_engine).await?;
     first_relay.shutdown().await;
-    let key = "key-ord-1007";
-    story.push(("relay crash after delivery", "ord-1007", key));
-    demo.checkout(&["client #1 -> orders"], orders, key, "ord-1007", 1200)
+    let key = "key-ord-1008";
+    story.push(Planned::order(
+        "relay crash after delivery",
+        "ord-1008",
+        key,
+    ));
+    demo.checkout(&["client #1 -> orders"], orders, key, "ord-1008", 1200)
         .await?;
     let notification = IdempotencyKey::new(key)?.child(NOTIFY_ORDER);
     let crashed = tokio::time::timeout(
@@ -828,7 +1296,8 @@ async fn run() -> Result<bool, BoxError> {
     drained(&orders_engine).await?;
     second_relay.shutdown().await;
 
-    // Side effects, per service.
+    // Side effects, per service. The charges are read as payments' HTTP API
+    // lists them: those made over gRPC are in the same table.
     let charges: serde_json::Value = demo
         .http
         .get(format!("{payments_url}/payments"))
@@ -847,32 +1316,46 @@ async fn run() -> Result<bool, BoxError> {
         .await?;
 
     let mut stories = Vec::new();
-    for (name, order_ref, key) in &story {
-        let charge = IdempotencyKey::new(*key)?.child(CHARGE_CARD);
-        let notification = IdempotencyKey::new(*key)?.child(NOTIFY_ORDER);
-        let destination = format!("merchant/{order_ref}");
+    for planned in &story {
+        let key = IdempotencyKey::new(planned.key)?;
+        let (charge, notification) = (key.child(CHARGE_CARD), key.child(NOTIFY_ORDER));
+        let charged: Vec<&serde_json::Value> = charges
+            .iter()
+            .filter(|c| c["destination"] == planned.destination.as_str())
+            .collect();
+        let order = planned.order;
         stories.push(Story {
-            name,
-            order: order_ref,
-            key,
+            name: planned.name,
+            order,
+            key: planned.key,
             attempts: trace
-                .for_keys(&[key, charge.as_str(), notification.as_str()])
+                .for_keys(&[planned.key, charge.as_str(), notification.as_str()])
                 .into_iter()
                 .map(|(who, got)| Attempt { who, got })
                 .collect(),
-            orders: placed.iter().filter(|(id, _)| id == order_ref).count(),
-            charges: charges
+            orders: placed
                 .iter()
-                .filter(|c| c["destination"] == destination.as_str())
+                .filter(|(id, _)| Some(id.as_str()) == order)
                 .count(),
-            notifications: notified.iter().filter(|(id,)| id == order_ref).count(),
+            charges: charged.len(),
+            notifications: notified
+                .iter()
+                .filter(|(id,)| Some(id.as_str()) == order)
+                .count(),
+            // The order's payment is the charge the listing shows.
+            paid_by_its_charge: order.is_none_or(|order| {
+                placed.iter().any(|(id, payment)| {
+                    id == order && charged.iter().any(|c| c["payment_id"] == payment.as_str())
+                })
+            }),
         });
     }
+    let ordered = story.iter().filter(|s| s.order.is_some()).count();
     let report = Report {
         once_per_order: stories.iter().all(Story::once)
             && charges.len() == story.len()
-            && placed.len() == story.len()
-            && notified.len() == story.len(),
+            && placed.len() == ordered
+            && notified.len() == ordered,
         orders: placed.len(),
         charges: charges.len(),
         notifications: notified.len(),
@@ -887,14 +1370,38 @@ async fn run() -> Result<bool, BoxError> {
     Ok(report.once_per_order)
 }
 
+/// A logical operation of the story, before its outcome is read.
+struct Planned {
+    name: &'static str,
+    /// The order it places; `None` for a charge made without an order.
+    order: Option<&'static str>,
+    key: &'static str,
+    /// The charge's destination, by which the payments listing is searched.
+    destination: String,
+}
+
+impl Planned {
+    /// A checkout of `order`, whose charge goes to `merchant/<order>`.
+    fn order(name: &'static str, order: &'static str, key: &'static str) -> Self {
+        Self {
+            name,
+            order: Some(order),
+            key,
+            destination: format!("merchant/{order}"),
+        }
+    }
+}
+
 /// What the demo found: every attempt and every side effect, per story.
 #[derive(serde::Serialize)]
 struct Report<'a> {
     stories: Vec<Story<'a>>,
     orders: usize,
+    /// As payments' HTTP `GET /payments` lists them, gRPC charges included.
     charges: usize,
     notifications: usize,
-    /// One order, one charge and one notification per story, and nothing else.
+    /// One charge per story, and one order and one notification per story
+    /// that places an order, and nothing else.
     once_per_order: bool,
     millis: u128,
 }
@@ -904,17 +1411,25 @@ struct Report<'a> {
 #[derive(serde::Serialize)]
 struct Story<'a> {
     name: &'a str,
-    order: &'a str,
+    /// The order it places (`null`: a charge without an order).
+    order: Option<&'a str>,
     key: &'a str,
     attempts: Vec<Attempt>,
     orders: usize,
     charges: usize,
     notifications: usize,
+    /// The order records the payment id of the charge payments lists (true
+    /// without an order).
+    paid_by_its_charge: bool,
 }
 
 impl Story<'_> {
     fn once(&self) -> bool {
-        self.orders == 1 && self.charges == 1 && self.notifications == 1
+        let placed = usize::from(self.order.is_some());
+        self.orders == placed
+            && self.charges == 1
+            && self.notifications == placed
+            && self.paid_by_its_charge
     }
 }
 
@@ -935,10 +1450,13 @@ impl Report<'_> {
             for (i, Attempt { who, got }) in story.attempts.iter().enumerate() {
                 let label = match i {
                     0 => story.name.to_string(),
-                    1 => format!("  {}, key {}", story.order, story.key),
+                    1 => match story.order {
+                        Some(order) => format!("  {order}, key {}", story.key),
+                        None => format!("  no order, key {}", story.key),
+                    },
                     _ => String::new(),
                 };
-                let who = if who.starts_with("client") {
+                let who = if who.starts_with("client") || who.starts_with("back office") {
                     who.clone()
                 } else {
                     format!("  {who}")
@@ -958,7 +1476,7 @@ impl Report<'_> {
         }
         println!("{}", "-".repeat(WIDTH));
         println!(
-            "order service: {} orders | payments service: {} charges | notifications service: {} notifications | {} logical operations, one charge and one notification per order: {} ({} ms)",
+            "order service: {} orders | payments service: {} charges (its HTTP listing, gRPC charges included) | notifications service: {} notifications | {} logical operations, one charge each, one order and one notification per order: {} ({} ms)",
             self.orders,
             self.charges,
             self.notifications,

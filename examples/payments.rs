@@ -1,8 +1,8 @@
 //! The payments service, on its own.
 //!
 //! ```text
-//! cargo run --release --example payments -- --listen 127.0.0.1:8080 [--database-url URL]
-//!     [--max-body-bytes N] [--allow-faults]
+//! cargo run --release --example payments -- --listen 127.0.0.1:8080 [--grpc-listen ADDR]
+//!     [--database-url URL] [--max-body-bytes N] [--allow-faults]
 //! ```
 //!
 //! - `POST /payments` (headers `Idempotency-Key`, `X-Tenant-Id`; body
@@ -12,6 +12,10 @@
 //! - `GET /metrics` → idem's metrics (`idem_runtime::metrics`) as Prometheus
 //!   text, through `metrics-exporter-prometheus`: the example installs the
 //!   exporter; the library only records through the `metrics` facade.
+//! - With `--grpc-listen ADDR`, the gRPC service `idem.payments.v1.Payments`
+//!   (`Charge`, `Refund`; `examples/services/payments_grpc.rs`) on `ADDR` too,
+//!   from the same store and the same `payments` table, each transport under
+//!   its own step.
 //!
 //! The store is the SQLite file `idem-payments.db` in the working directory
 //! unless `--database-url` names another file or a `postgres://` database.
@@ -19,7 +23,8 @@
 //! the step registry against it (`idem::registry::validate`): if the store
 //! holds live keys for a step this build no longer declares, or a step is
 //! malformed, declared twice or used undeclared, it exits non-zero listing
-//! every problem. When ready it prints one line, `listening on http://ADDR`.
+//! every problem. When ready it prints one line, `listening on http://ADDR`
+//! (with `--grpc-listen`, after a line `grpc on http://ADDR`).
 //! `--allow-faults` (in a build with idem's `faults` feature, which the
 //! examples get through the dev-dependencies) honours the
 //! `X-Idem-Fault: after-claim | after-business-write | after-commit` header by
@@ -27,6 +32,8 @@
 
 #[path = "services/payments.rs"]
 mod payments;
+#[path = "services/payments_grpc.rs"]
+mod payments_grpc;
 
 use std::net::SocketAddr;
 use std::process::ExitCode;
@@ -35,15 +42,16 @@ use payments::{Config, Store};
 
 struct Args {
     listen: SocketAddr,
+    grpc_listen: Option<SocketAddr>,
     database_url: Option<String>,
     config: Config,
 }
 
-const USAGE: &str =
-    "usage: payments --listen ADDR [--database-url URL] [--max-body-bytes N] [--allow-faults]";
+const USAGE: &str = "usage: payments --listen ADDR [--grpc-listen ADDR] [--database-url URL] [--max-body-bytes N] [--allow-faults]";
 
 fn parse_args() -> Result<Args, String> {
     let mut listen = None;
+    let mut grpc_listen = None;
     let mut database_url = None;
     let mut config = Config::default();
     let mut args = std::env::args().skip(1);
@@ -55,6 +63,13 @@ fn parse_args() -> Result<Args, String> {
                     value("--listen")?
                         .parse()
                         .map_err(|e| format!("--listen: {e}"))?,
+                )
+            }
+            "--grpc-listen" => {
+                grpc_listen = Some(
+                    value("--grpc-listen")?
+                        .parse()
+                        .map_err(|e| format!("--grpc-listen: {e}"))?,
                 )
             }
             "--database-url" => database_url = Some(value("--database-url")?),
@@ -74,6 +89,7 @@ fn parse_args() -> Result<Args, String> {
     let listen = listen.ok_or(format!("--listen is required\n{USAGE}"))?;
     Ok(Args {
         listen,
+        grpc_listen,
         database_url,
         config,
     })
@@ -118,15 +134,47 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error + Send + Sync>>
     );
     let listener = tokio::net::TcpListener::bind(args.listen).await?;
     let addr = listener.local_addr()?;
+    let grpc = match args.grpc_listen {
+        Some(grpc_listen) => Some(tokio::net::TcpListener::bind(grpc_listen).await?),
+        None => None,
+    };
     tracing::info!(
         backend = store.backend(),
         allow_faults = args.config.allow_faults,
+        grpc = grpc.is_some(),
         "payments service ready"
     );
+    if let Some(grpc) = &grpc {
+        println!("grpc on http://{}", grpc.local_addr()?);
+    }
     println!("listening on http://{addr}");
-    axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown_signal())
-        .await?;
+    // One shutdown signal stops both servers.
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let until_stopped = |mut stopped: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = stopped.wait_for(|stop| *stop).await;
+    };
+    let http = axum::serve(listener, app).with_graceful_shutdown(until_stopped(stopped.clone()));
+    let grpc = async {
+        match grpc {
+            Some(grpc) => {
+                tonic::transport::Server::builder()
+                    .add_routes(payments_grpc::routes(&store))
+                    .serve_with_incoming_shutdown(
+                        tonic::transport::server::TcpIncoming::from(grpc),
+                        until_stopped(stopped),
+                    )
+                    .await
+            }
+            None => Ok(()),
+        }
+    };
+    let signal = async move {
+        shutdown_signal().await;
+        let _ = stop.send(true);
+    };
+    let (http, grpc, ()) = tokio::join!(async { http.await }, grpc, signal);
+    http?;
+    grpc?;
     tracing::info!("payments service stopped");
     Ok(())
 }

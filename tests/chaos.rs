@@ -1,7 +1,9 @@
 //! The bounded chaos run: `cargo run --example chaos` with 200 checkouts
-//! per backend over 30 s, while its services are killed at random. The run
-//! checks the stores itself and exits non-zero on anything lost, duplicated
-//! or inconsistent; this also checks that the kills and retries happened.
+//! per backend over 30 s, while its services are killed at random, the
+//! payments processes (which the order service charges over gRPC) among
+//! them. The run checks the stores itself and exits non-zero on anything
+//! lost, duplicated or inconsistent; this also checks that the kills and
+//! retries happened, and that every payments process was killed.
 //! `cargo test` builds the example; this runs it.
 
 use std::process::Command;
@@ -20,7 +22,7 @@ fn figure(summary: &str, label: &str) -> u64 {
         .unwrap_or_else(|| panic!("no number after `{label}` in {summary}"))
 }
 
-fn bounded_run(backend: &str) {
+fn bounded_run(backend: &str, payments_replicas: usize) {
     let dir = tempfile::tempdir().unwrap();
     let output = Command::new(example_binary("chaos"))
         .args([
@@ -54,6 +56,12 @@ fn bounded_run(backend: &str) {
         figure(summary, "kills") >= 5,
         "the services were killed: {summary}"
     );
+    for replica in 1..=payments_replicas {
+        assert!(
+            figure(summary, &format!("payments-{replica}")) >= 1,
+            "payments-{replica} was killed: {summary}"
+        );
+    }
     assert!(
         figure(summary, "retries") > 0,
         "the kills cost retries: {summary}"
@@ -68,10 +76,10 @@ fn bounded_run(backend: &str) {
 
 #[test]
 fn chaos_on_sqlite_loses_and_duplicates_nothing() {
-    bounded_run("sqlite");
+    bounded_run("sqlite", 1);
 }
 
 #[test]
 fn chaos_on_postgres_with_two_payments_replicas_loses_and_duplicates_nothing() {
-    bounded_run("postgres");
+    bounded_run("postgres", 2);
 }

@@ -1,5 +1,7 @@
 //! The order service: `POST /checkout`, and the relay that delivers its
-//! outbox to the notifications service.
+//! outbox to the notifications service. It charges the card over gRPC, with
+//! the payments service's `Charge` (`examples/services/payments_grpc.rs`),
+//! through idem-client's retry layer.
 //!
 //! Shared by the checkout demo (in process, on SQLite) and the chaos run (a
 //! process of its own, on SQLite or Postgres).
@@ -7,6 +9,7 @@
 
 use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::extract::{FromRef, State};
@@ -18,21 +21,84 @@ use idem::http::{HeaderScope, Json, XTenantId};
 use idem::outbox::{self, Backoff, Message, Relay, WebhookSink};
 use idem::signature::SigningSecret;
 use idem::{idempotent, Backend, Engine, Fingerprint, IdempotencyKey, Problem, Scope};
-use idem_client::reqwest_middleware::{self, ClientWithMiddleware};
-use idem_client::{IdempotentRetry, RequestBuilderExt, RetryPolicy};
+use idem_client::grpc::{self, IdempotentRetryLayer};
+use idem_client::RetryPolicy;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 use sqlx::{PgConnection, Pool, Postgres, Sqlite, SqliteConnection};
+use tonic::body::Body;
+use tonic::codegen::http;
+use tonic::transport::{Channel, Endpoint};
+use tonic::Code;
+use tower::util::BoxCloneSyncService;
+use tower::{Layer, Service, ServiceExt};
+
+use crate::payments_grpc::{ChargeRequest, PaymentsClient};
+
+/// The card charge an order asks payments for, over gRPC: the step payments'
+/// `Charge` claims its key under. The charge's key is the order's key's
+/// child under this step.
+pub use crate::payments_grpc::CHARGE_CARD;
 
 idem::steps! {
     /// An order placed through the order service's `POST /checkout`.
     pub const PLACE_ORDER = "place-order.v1";
-    /// The card charge an order asks payments for; its key is the order's
-    /// key's child under this step.
-    pub const CHARGE_CARD = "charge-card.v1";
     /// The notification an order sends through the outbox; its message id
     /// is the order's key's child under this step.
     pub const NOTIFY_ORDER = "notify-order.v1";
+}
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// What the order service charges through: a gRPC channel to payments inside
+/// idem-client's [`IdempotentRetryLayer`], boxed so that [`Orders`] has one
+/// type whatever is below the layer (one channel, replicas in turn, the
+/// demo's tracing).
+pub type ChargeChannel =
+    BoxCloneSyncService<http::Request<Body>, http::Response<Body>, ChannelError>;
+
+/// Why a charge got no answer from the channel (a connection refused or
+/// lost, the retry layer's deadline), as a type of its own: with a boxed
+/// `dyn Error` as the channel's error, the compiler cannot see that the
+/// backend-generic checkout handler's future is `Send`.
+#[derive(Debug)]
+pub struct ChannelError(pub BoxError);
+
+impl std::fmt::Display for ChannelError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl std::error::Error for ChannelError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.0.source()
+    }
+}
+
+/// A payments client on `channel` whose calls retry by `policy`, each with
+/// its call's key on every attempt.
+pub fn payments_client<S>(channel: S, policy: RetryPolicy) -> PaymentsClient<ChargeChannel>
+where
+    S: Service<http::Request<Body>, Response = http::Response<Body>>
+        + Clone
+        + Send
+        + Sync
+        + 'static,
+    S::Future: Send,
+    S::Error: Into<BoxError>,
+{
+    let retrying = IdempotentRetryLayer::new(policy).layer(channel);
+    PaymentsClient::new(BoxCloneSyncService::new(retrying.map_err(ChannelError)))
+}
+
+/// A channel to the gRPC server at `url` (`http://host:port`) that connects
+/// on first use and again after the connection is lost, so the order service
+/// starts, and keeps working, while payments is down or restarting.
+pub fn lazy_channel(url: &str) -> Result<Channel, BoxError> {
+    Ok(Endpoint::from_shared(url.to_owned())?
+        .connect_timeout(Duration::from_secs(1))
+        .connect_lazy())
 }
 
 /// `POST /checkout` body.
@@ -61,21 +127,19 @@ pub struct Order {
 pub struct Orders<DB: Backend> {
     /// The order service's own store.
     pub engine: Engine<DB>,
-    /// The payments service (with a [`round_robin`] client, any replica).
-    pub payments_url: String,
+    /// The payments service's gRPC client ([`payments_client`]), retrying
+    /// with the charge's key.
+    pub payments: PaymentsClient<ChargeChannel>,
     /// Where order notifications are delivered (the notifications service).
     pub notifications_url: String,
-    /// The client that calls payments, retrying with the charge's key.
-    pub http: ClientWithMiddleware,
 }
 
 impl<DB: Backend> Clone for Orders<DB> {
     fn clone(&self) -> Self {
         Self {
             engine: self.engine.clone(),
-            payments_url: self.payments_url.clone(),
+            payments: self.payments.clone(),
             notifications_url: self.notifications_url.clone(),
-            http: self.http.clone(),
         }
     }
 }
@@ -174,7 +238,7 @@ async fn checkout<DB: OrderBook>(
     place_order::<DB>(tx, &orders, &tenant, &key, &request).await
 }
 
-/// Charge the card through payments with the derived key,
+/// Charge the card through payments' gRPC `Charge` with the derived key,
 /// record the order and enqueue its notification in the outbox; the order,
 /// the notification and this answer commit together, and every retry of the
 /// key gets this answer back without running again (nor enqueueing again:
@@ -190,71 +254,69 @@ async fn place_order<DB: OrderBook>(
     key: &IdempotencyKey,
     request: &CheckoutRequest,
 ) -> Response {
-    let charge_key = key.child(CHARGE_CARD);
-    let charge = json!({
-        "amount_cents": request.amount_cents,
-        "currency": request.currency,
-        "destination": format!("merchant/{}", request.order_ref),
-    });
-    let sent = orders
-        .http
-        .post(format!("{}/payments", orders.payments_url))
-        .idempotency_key(charge_key)
-        .header("x-tenant-id", tenant)
-        .header("content-type", "application/json")
-        .body(charge.to_string())
-        .send()
-        .await;
-    let reply = match sent {
-        Ok(response) => {
-            let status = response.status().as_u16();
-            match response.json::<serde_json::Value>().await {
-                Ok(body) => Ok((status, body)),
-                // The answer was cut off while it was read: not an answer.
-                Err(error) => {
-                    return unavailable(&format!("the payments answer was lost ({error})"))
-                }
-            }
-        }
-        Err(error) => Err(error),
+    let Ok(tenant_entry) = tenant.parse() else {
+        return Problem::new(400, "Tenant not sendable")
+            .with_detail("The X-Tenant-Id cannot be sent as gRPC metadata (visible ASCII only).")
+            .into_response();
     };
-    match reply {
-        Ok((201, payment)) => {
-            let Some(payment_id) = payment["payment_id"].as_str() else {
-                return unavailable("the payments service answered 201 without a payment_id");
-            };
-            let order = Order {
-                order_id: request.order_ref.clone(),
-                payment_id: payment_id.to_owned(),
-                amount_cents: request.amount_cents,
-            };
-            let notification =
-                Message::webhook(format!("{}/notifications", orders.notifications_url))
-                    .json(&json!({"order_id": order.order_id, "amount_cents": order.amount_cents}))
-                    .map(|message| {
-                        message
-                            .for_step(key, NOTIFY_ORDER)
-                            .scope(&Scope::tenant(tenant))
-                    });
-            let recorded = match notification {
-                Ok(message) => DB::record_order(tx, &order, &message).await,
-                Err(error) => Err(error.to_string()),
-            };
-            match recorded {
-                Ok(()) => (StatusCode::CREATED, axum::Json(order)).into_response(),
-                Err(why) => unavailable(&why),
-            }
-        }
-        // A deterministic refusal: stored and replayed.
-        Ok((status, _)) if (400..500).contains(&status) && status != 409 => {
-            Problem::new(402, "Payment refused")
+    let mut charge = grpc::with_key(
+        tonic::Request::new(ChargeRequest {
+            amount_cents: request.amount_cents,
+            currency: request.currency.clone(),
+            destination: format!("merchant/{}", request.order_ref),
+            ..ChargeRequest::default()
+        }),
+        key.child(CHARGE_CARD),
+    );
+    charge.metadata_mut().insert("x-tenant-id", tenant_entry);
+    let reply = match orders.payments.clone().charge(charge).await {
+        Ok(reply) => reply.into_inner(),
+        // A deterministic refusal (payments stores these): stored and replayed.
+        Err(status)
+            if matches!(
+                status.code(),
+                Code::InvalidArgument
+                    | Code::FailedPrecondition
+                    | Code::OutOfRange
+                    | Code::NotFound
+                    | Code::AlreadyExists
+            ) =>
+        {
+            return Problem::new(402, "Payment refused")
                 .with_detail(format!(
-                    "The payments service refused the charge ({status}); nothing was ordered."
+                    "The payments service refused the charge ({:?}: {}); nothing was ordered.",
+                    status.code(),
+                    status.message()
                 ))
-                .into_response()
+                .into_response();
         }
-        Ok((status, _)) => unavailable(&format!("the payments service answered {status}")),
-        Err(error) => unavailable(&format!("the payments service did not answer ({error})")),
+        Err(status) => {
+            return unavailable(&format!(
+                "the payments service did not charge ({:?}: {})",
+                status.code(),
+                status.message()
+            ))
+        }
+    };
+    let order = Order {
+        order_id: request.order_ref.clone(),
+        payment_id: reply.charge_id,
+        amount_cents: request.amount_cents,
+    };
+    let notification = Message::webhook(format!("{}/notifications", orders.notifications_url))
+        .json(&json!({"order_id": order.order_id, "amount_cents": order.amount_cents}))
+        .map(|message| {
+            message
+                .for_step(key, NOTIFY_ORDER)
+                .scope(&Scope::tenant(tenant))
+        });
+    let recorded = match notification {
+        Ok(message) => DB::record_order(tx, &order, &message).await,
+        Err(error) => Err(error.to_string()),
+    };
+    match recorded {
+        Ok(()) => (StatusCode::CREATED, axum::Json(order)).into_response(),
+        Err(why) => unavailable(&why),
     }
 }
 
@@ -288,53 +350,50 @@ pub fn relay<DB: Backend>(
         .poll_interval(Duration::from_millis(50)))
 }
 
-/// A client for payments replicas: each attempt of a call (the first and
-/// every retry by `policy`, all with the call's key) goes to the next replica
-/// in turn, so a retry after a replica died reaches another one. Requests
-/// name any replica's URL; the scheme, host and port are replaced.
-pub fn round_robin(
-    replicas: &[String],
-    policy: RetryPolicy,
-) -> Result<ClientWithMiddleware, Box<dyn std::error::Error + Send + Sync>> {
-    let replicas = replicas
-        .iter()
-        .map(|replica| reqwest::Url::parse(replica))
-        .collect::<Result<Vec<_>, _>>()?;
-    Ok(
-        reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
-            .with(IdempotentRetry::new(policy))
-            .with(RoundRobin {
-                replicas,
-                next: AtomicUsize::new(0),
-            })
-            .build(),
-    )
+/// Payments replicas in turn: each call through it (each attempt of a
+/// logical call, below [`IdempotentRetryLayer`], all with the call's key)
+/// goes to the next replica, so a retry after a replica died reaches another
+/// one.
+#[derive(Clone)]
+pub struct RoundRobin {
+    replicas: std::sync::Arc<[Channel]>,
+    next: std::sync::Arc<AtomicUsize>,
 }
 
-/// Sends each attempt to the next replica (below [`IdempotentRetry`], so it
-/// sees every attempt).
-struct RoundRobin {
-    replicas: Vec<reqwest::Url>,
-    next: AtomicUsize,
-}
-
-#[async_trait::async_trait]
-impl reqwest_middleware::Middleware for RoundRobin {
-    async fn handle(
-        &self,
-        mut request: reqwest::Request,
-        extensions: &mut axum::http::Extensions,
-        next: reqwest_middleware::Next<'_>,
-    ) -> reqwest_middleware::Result<reqwest::Response> {
-        if !self.replicas.is_empty() {
-            let replica =
-                &self.replicas[self.next.fetch_add(1, Ordering::Relaxed) % self.replicas.len()];
-            let url = request.url_mut();
-            // Both are http URLs with a host: these cannot fail.
-            let _ = url.set_scheme(replica.scheme());
-            let _ = url.set_host(replica.host_str());
-            let _ = url.set_port(replica.port());
+impl RoundRobin {
+    /// A lazy channel ([`lazy_channel`]) to each replica's gRPC URL.
+    pub fn new(replicas: &[String]) -> Result<Self, BoxError> {
+        let replicas = replicas
+            .iter()
+            .map(|url| lazy_channel(url))
+            .collect::<Result<Vec<_>, _>>()?;
+        if replicas.is_empty() {
+            return Err("no payments replica".into());
         }
-        next.run(request, extensions).await
+        Ok(Self {
+            replicas: replicas.into(),
+            next: Default::default(),
+        })
+    }
+}
+
+impl Service<http::Request<Body>> for RoundRobin {
+    type Response = http::Response<Body>;
+    type Error = BoxError;
+    type Future =
+        std::pin::Pin<Box<dyn Future<Output = Result<http::Response<Body>, BoxError>> + Send>>;
+
+    /// Always ready: the replica a call goes to is waited for in the call.
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: http::Request<Body>) -> Self::Future {
+        let n = self.next.fetch_add(1, Ordering::Relaxed) % self.replicas.len();
+        let replica = self.replicas[n].clone();
+        Box::pin(async move {
+            let response = replica.oneshot(request).await?;
+            Ok(response.map(Body::new))
+        })
     }
 }

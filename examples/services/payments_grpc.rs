@@ -6,14 +6,20 @@
 //! tenant from `x-tenant-id`; `Refund` carries its key in the request's
 //! `request_id` field (Google's AIP-155 convention). Both are fingerprinted
 //! by the `#[derive(Fingerprint)]` the code generator put on the messages.
+//!
+//! Shared by the payments example (with `--grpc-listen`), the checkout demo
+//! and the chaos run (whose order service charges through it), and the gRPC
+//! tests.
 #![allow(dead_code)]
+
+use std::time::Duration;
 
 use idem::grpc::HasEngine;
 use idem::http::{HeaderScope, XTenantId};
 use idem::{idempotent, Backend, Engine};
 use tonic::{Request, Response, Status};
 
-use crate::payments::{new_payment_id, Ledger, Payment};
+use crate::payments::{new_payment_id, Ledger, Payment, Store};
 
 /// The generated messages, client and server (`examples/proto/payments.rs`).
 #[path = "../proto/payments.rs"]
@@ -21,6 +27,8 @@ use crate::payments::{new_payment_id, Ledger, Payment};
 #[rustfmt::skip]
 pub mod proto;
 
+// Not every program that includes this module is a client.
+#[allow(unused_imports)]
 pub use proto::payments_client::PaymentsClient;
 pub use proto::payments_server::{Payments, PaymentsServer};
 pub use proto::{ChargeReply, ChargeRequest, RefundReply, RefundRequest};
@@ -31,6 +39,26 @@ idem::steps! {
     /// Every gRPC refund.
     pub const REFUND_CHARGE = "refund-charge.v1";
 }
+
+/// The gRPC payments service on `store`'s engine, as routes a tonic server
+/// adds with `add_routes` (the engine's backend is the store's).
+pub fn routes(store: &Store) -> tonic::service::Routes {
+    match store {
+        Store::Sqlite(engine) => {
+            tonic::service::Routes::new(GrpcPayments::new(engine.clone()).into_server())
+        }
+        Store::Postgres(engine) => {
+            tonic::service::Routes::new(GrpcPayments::new(engine.clone()).into_server())
+        }
+    }
+}
+
+/// How long the card network takes to answer a charge, inside the charge's
+/// claim: a request extension a server layer may insert (the checkout demo's
+/// does, so that a retry meets a charge still running). Without one the
+/// charge does not wait.
+#[derive(Debug, Clone, Copy)]
+pub struct CardNetworkDelay(pub Duration);
 
 /// The gRPC payments service on `DB`.
 pub struct GrpcPayments<DB: Backend> {
@@ -69,6 +97,7 @@ impl<DB: Ledger> Payments for GrpcPayments<DB> {
         request: Request<ChargeRequest>,
         tx: &mut DB::Connection,
     ) -> Result<Response<ChargeReply>, Status> {
+        let delay = request.extensions().get::<CardNetworkDelay>().copied();
         let charge = request.into_inner();
         validate(&charge)?;
         let payment = Payment {
@@ -80,6 +109,9 @@ impl<DB: Ledger> Payments for GrpcPayments<DB> {
         DB::insert(tx, &tenant, &payment)
             .await
             .map_err(store_failed)?;
+        if let Some(CardNetworkDelay(delay)) = delay {
+            tokio::time::sleep(delay).await;
+        }
         Ok(Response::new(ChargeReply {
             charge_id: payment.payment_id,
             amount_cents: payment.amount_cents,
