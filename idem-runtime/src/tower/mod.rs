@@ -13,7 +13,7 @@
 //! [`IdempotencyLayer::with_scope_header`] or
 //! [`IdempotencyLayer::with_scope`] says otherwise), and refusals, in-progress
 //! and store errors are answered as problem details over HTTP and as the
-//! statuses of [`grpc`](crate::grpc) for `application/grpc` requests. Which
+//! statuses of the `grpc` module (feature `tonic`) for `application/grpc` requests. Which
 //! answers are stored: HTTP statuses by [`StoredStatuses`], gRPC codes by
 //! `StoredCodes` (the status read from the trailers). A gRPC answer is
 //! stored only when it is a single uncompressed message or a status; a
