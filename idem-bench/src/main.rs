@@ -12,6 +12,7 @@
 //! ([`floors`]). See `docs/BENCHMARKS.md`.
 
 mod alloc;
+mod batches;
 mod charge;
 mod delay;
 mod fingerprint;
@@ -255,7 +256,12 @@ async fn run(cfg: Config) -> Result<Report, BenchError> {
     let dir = tempfile::Builder::new().prefix("idem-bench-").tempdir()?;
     if wants("sqlite") {
         let lite = lite::Lite::setup(&dir.path().join("bench.db"), connections).await?;
-        backends.push(backend(Arc::new(lite), &cfg, &scenarios, &run_id).await?);
+        let mut with_solo = scenarios.clone();
+        if cfg.scenarios.is_none() {
+            with_solo.insert(4, Scenario::IdemSolo);
+        }
+        batches::install();
+        backends.push(backend(Arc::new(lite), &cfg, &with_solo, &run_id).await?);
     }
 
     let growth = match &cfg.growth {
