@@ -198,6 +198,8 @@ async fn run(cfg: Config) -> Result<Report, BenchError> {
         cfg.mode, cfg.rounds
     );
 
+    // The group commits' sizes (SQLite); every other metric is dropped.
+    batches::install();
     // First, while nothing else runs: the allocation counter is process-wide.
     let fp = fingerprint::run(cfg.fingerprint_iterations);
     for c in &fp.costs {
@@ -260,7 +262,6 @@ async fn run(cfg: Config) -> Result<Report, BenchError> {
         if cfg.scenarios.is_none() {
             with_solo.insert(4, Scenario::IdemSolo);
         }
-        batches::install();
         backends.push(backend(Arc::new(lite), &cfg, &with_solo, &run_id).await?);
     }
 

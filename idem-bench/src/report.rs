@@ -330,10 +330,17 @@ fn outbox_markdown(s: &mut String, o: &OutboxResult) {
     let _ = writeln!(s, "| outbox enqueue | clients | handler ops/s | handler + enqueue ops/s | ratio (target ≥ {ENQUEUE_TARGET}) |");
     let _ = writeln!(s, "|---|---:|---:|---:|---:|");
     for e in &o.enqueue {
+        let backend = match e.claims_per_commit {
+            Some((plain, with)) => format!(
+                "{} (claims per commit {plain:.1} without, {with:.1} with)",
+                e.backend
+            ),
+            None => e.backend.clone(),
+        };
         let _ = writeln!(
             s,
             "| {} | {} | {:.0} | {:.0} | **{:.2}** ({}) |",
-            e.backend,
+            backend,
             e.clients,
             e.plain_ops_s,
             e.enqueue_ops_s,
