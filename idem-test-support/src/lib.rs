@@ -2,8 +2,9 @@
 //! benchmark; not published.
 //!
 //! - [`on_each_store!`] runs a generic test body once per store: a SQLite
-//!   file, a database on the throwaway Postgres server, and that server with
-//!   the row lock as the key lock.
+//!   file, a database on the throwaway Postgres server, that server with
+//!   the row lock as the key lock, and a database on the throwaway MariaDB
+//!   server ([`mysql()`], [`MySqlServer`]).
 //! - [`Harness`] is what a body gets: an [`Engine`](idem_runtime::Engine) on
 //!   a fresh, migrated store with a `payments` business table.
 //! - [`TestDb`] is a fresh store alone; [`postgres()`] the process-wide
@@ -42,7 +43,7 @@ pub use postgres_server::{postgres, PgServer, FAST_SETTINGS};
 pub use store::{example_binary, sqlite_file, TestDb};
 
 /// Emits, for each listed store (a harness constructor in [`stores`]:
-/// `sqlite`, `postgres`, `postgres_row_lock`), a module of that name with one
+/// `sqlite`, `postgres`, `postgres_row_lock`, `mysql`), a module of that name with one
 /// test per listed body, which calls the generic body with the constructor,
 /// plus the ignored `child_process_entry` that [`Harness::run_child`] starts.
 ///
