@@ -26,8 +26,9 @@ pub mod postgres;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
 
-/// A database idem keeps its rows in: [`sqlx::Sqlite`], [`sqlx::Postgres`]
-/// and `sqlx::MySql` (feature `mysql`). Sealed: the statements are the engine's, each in its
+/// A database idem keeps its rows in: `sqlx::Sqlite`, `sqlx::Postgres` and
+/// `sqlx::MySql`, each behind the feature of its name (`sqlite`,
+/// `postgres`, `mysql`). Sealed: the statements are the engine's, each in its
 /// backend's folder.
 pub trait Backend: keys::Keys + outbox::Outbox + inbox::Inbox + migrate::Schema {}
 
