@@ -195,6 +195,14 @@ pub trait Keys: sqlx::Database + Sized {
     /// Whether `error` means "the key's lock is held by another attempt".
     fn is_lock_busy(error: &sqlx::Error) -> bool;
 
+    /// Whether `error`, from [`Keys::commit_completed`], means the key's
+    /// record was committed meanwhile by another attempt, which this
+    /// transaction's snapshot did not show it (a unique violation on the
+    /// key under `REPEATABLE READ` or `SERIALIZABLE`). Default: never.
+    fn is_duplicate_record(_error: &sqlx::Error) -> bool {
+        false
+    }
+
     /// Runs `sql`, statements without parameters (the group commit's
     /// savepoints), on `conn`.
     fn run_raw<'a>(

@@ -450,6 +450,14 @@ impl Keys for Postgres {
         matches!(error, sqlx::Error::Database(db) if db.code().as_deref() == Some("55P03"))
     }
 
+    fn is_duplicate_record(error: &sqlx::Error) -> bool {
+        // 23505 unique_violation on the key table's primary key: the only
+        // statement of the commit message that inserts is the record's.
+        matches!(error, sqlx::Error::Database(db)
+            if db.code().as_deref() == Some("23505")
+                && db.constraint() == Some("idempotency_keys_pkey"))
+    }
+
     record_writes!();
     key_administration!(columns: admin_columns(), now: "now()");
 }
