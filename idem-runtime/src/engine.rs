@@ -466,7 +466,7 @@ impl<DB: Backend> Engine<DB> {
             };
         }
         // A repeat is a read: answered without a lock or a transaction.
-        if !read_already {
+        if !read_already && DB::reads_before_lock(self.settings) {
             match DB::lookup_unlocked(&mut conn, op).await {
                 Ok(record) => match decide(record, op) {
                     Decision::Execute(_) => {}

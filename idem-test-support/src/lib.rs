@@ -29,6 +29,7 @@
 mod backend;
 mod captured;
 mod harness;
+mod pgbouncer_server;
 mod postgres_server;
 mod store;
 pub mod stores;
@@ -36,6 +37,7 @@ pub mod stores;
 pub use backend::TestBackend;
 pub use captured::Captured;
 pub use harness::{charge, child_entry, operation, Harness, BATCH_CHILD_CHARGES};
+pub use pgbouncer_server::{PgBouncer, PoolMode};
 pub use postgres_server::{postgres, PgServer, FAST_SETTINGS};
 pub use store::{example_binary, sqlite_file, TestDb};
 

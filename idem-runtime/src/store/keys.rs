@@ -95,6 +95,13 @@ pub trait Keys: sqlx::Database + Sized {
         settings: Self::Settings,
     ) -> impl Future<Output = Result<Locked<Self>, sqlx::Error>> + Send + 'a;
 
+    /// Whether a claim reads the record before taking the key's lock, so a
+    /// repeat is answered by one read without a transaction. Default: yes;
+    /// Postgres behind a transaction pooler reads it under the lock only.
+    fn reads_before_lock(_settings: Self::Settings) -> bool {
+        true
+    }
+
     /// Whether a claim first tries [`Keys::lock_if_fresh`] (Postgres with
     /// advisory key locks), instead of reading the record before the lock.
     fn fresh_first(_settings: Self::Settings) -> bool {
