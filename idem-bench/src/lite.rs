@@ -54,6 +54,8 @@ pub struct Lite {
     cached_engine: Engine<Sqlite>,
     /// The engine over that pool.
     pub engine: Engine<Sqlite>,
+    /// An engine over the same file with group commit off.
+    solo_engine: Engine<Sqlite>,
     version: String,
     settings: Vec<(String, String)>,
 }
@@ -103,6 +105,9 @@ impl Lite {
         Ok(Self {
             pool,
             cached_engine: engine.clone().with_replay_cache(replay_cache()),
+            solo_engine: engine
+                .clone()
+                .with_policy(Policy::default().with_group_commit(None)),
             engine,
             version,
             settings,
@@ -180,6 +185,11 @@ impl Target for Lite {
 
     fn idem(&self, key: String, tenant: String) -> BoxFut<Result<Via, IdemError>> {
         let engine = self.engine.clone();
+        Box::pin(async move { keyed(&engine, key, tenant).await })
+    }
+
+    fn idem_solo(&self, key: String, tenant: String) -> BoxFut<Result<Via, IdemError>> {
+        let engine = self.solo_engine.clone();
         Box::pin(async move { keyed(&engine, key, tenant).await })
     }
 

@@ -12,6 +12,7 @@
 //! ([`floors`]). See `docs/BENCHMARKS.md`.
 
 mod alloc;
+mod batches;
 mod charge;
 mod delay;
 mod fingerprint;
@@ -197,6 +198,8 @@ async fn run(cfg: Config) -> Result<Report, BenchError> {
         cfg.mode, cfg.rounds
     );
 
+    // The group commits' sizes (SQLite); every other metric is dropped.
+    batches::install();
     // First, while nothing else runs: the allocation counter is process-wide.
     let fp = fingerprint::run(cfg.fingerprint_iterations);
     for c in &fp.costs {
@@ -255,7 +258,11 @@ async fn run(cfg: Config) -> Result<Report, BenchError> {
     let dir = tempfile::Builder::new().prefix("idem-bench-").tempdir()?;
     if wants("sqlite") {
         let lite = lite::Lite::setup(&dir.path().join("bench.db"), connections).await?;
-        backends.push(backend(Arc::new(lite), &cfg, &scenarios, &run_id).await?);
+        let mut with_solo = scenarios.clone();
+        if cfg.scenarios.is_none() {
+            with_solo.insert(4, Scenario::IdemSolo);
+        }
+        backends.push(backend(Arc::new(lite), &cfg, &with_solo, &run_id).await?);
     }
 
     let growth = match &cfg.growth {

@@ -20,6 +20,8 @@ use idem::Backend;
 use idem::{steps, Engine, IdemError, IdempotencyKey, Operation, Problem, Scope, Via};
 use serde::Serialize;
 
+use crate::batches::{self, BatchSizes};
+
 use crate::charge::{Business, Charge, CHARGE_CARD};
 use crate::measure::percentile;
 use crate::target::BenchError;
@@ -47,6 +49,8 @@ pub struct EnqueueCost {
     pub enqueue_ops_s: f64,
     /// `enqueue_ops_s / plain_ops_s`.
     pub ratio: f64,
+    /// Claims per group commit without and with the enqueue (SQLite).
+    pub claims_per_commit: Option<(f64, f64)>,
 }
 
 /// Relay throughput into JetStream.
@@ -180,7 +184,9 @@ where
     DB: Business + Backend,
 {
     let (mut plain, mut with) = (Vec::new(), Vec::new());
+    let (mut plain_batches, mut with_batches) = (BatchSizes::default(), BatchSizes::default());
     for round in 0..rounds {
+        batches::take();
         plain.push(
             ops_per_second(
                 engine,
@@ -191,6 +197,7 @@ where
             )
             .await?,
         );
+        plain_batches.add(&batches::take());
         with.push(
             ops_per_second(
                 engine,
@@ -201,6 +208,7 @@ where
             )
             .await?,
         );
+        with_batches.add(&batches::take());
     }
     let (plain_ops_s, enqueue_ops_s) = (median(plain), median(with));
     let cost = EnqueueCost {
@@ -209,6 +217,8 @@ where
         plain_ops_s,
         enqueue_ops_s,
         ratio: enqueue_ops_s / plain_ops_s,
+        claims_per_commit: (plain_batches.commits > 0)
+            .then(|| (plain_batches.mean(), with_batches.mean())),
     };
     eprintln!(
         "  outbox enqueue ({backend}, {clients} clients): {:.0} ops/s with, {:.0} without, ratio {:.2} (target >= {ENQUEUE_TARGET})",

@@ -12,6 +12,7 @@ const COLORS: &[(&str, &str)] = &[
     ("idem", "#2a7ab9"),
     ("idem-macro", "#6aa9d8"),
     ("idem-row-lock", "#8e6bb8"),
+    ("idem-solo", "#a3c4dc"),
     ("replay", "#3c9d5d"),
 ];
 

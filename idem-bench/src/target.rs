@@ -49,6 +49,12 @@ pub trait Target: Send + Sync + 'static {
     fn idem_row_lock(&self, key: String, tenant: String) -> BoxFut<Result<Via, IdemError>> {
         self.idem(key, tenant)
     }
+    /// The same through an engine with group commit off
+    /// ([`idem_runtime::Policy::group_commit`] `None`); the same as
+    /// [`Target::idem`] where the backend does not group commits.
+    fn idem_solo(&self, key: String, tenant: String) -> BoxFut<Result<Via, IdemError>> {
+        self.idem(key, tenant)
+    }
     /// Payments written for `tenant` (to check a storm ran each key once).
     fn payments_for(&self, tenant: String) -> BoxFut<Result<i64, BenchError>>;
 }

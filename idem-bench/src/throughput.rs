@@ -7,6 +7,7 @@ use std::sync::Arc;
 use idem_runtime::Via;
 use serde::Serialize;
 
+use crate::batches::{self, BatchSizes};
 use crate::measure::{drive, median, op, OpFn, Sample};
 use crate::target::{BenchError, Target, TENANT};
 
@@ -26,6 +27,9 @@ pub enum Scenario {
     IdemMacro,
     /// The engine API with [`idem_runtime::KeyLock::Row`] (Postgres only).
     IdemRowLock,
+    /// The engine API with group commit off (SQLite only): each claim in a
+    /// transaction and a `COMMIT` of its own.
+    IdemSolo,
     /// Repeats of completed keys, answered by the store (as another process
     /// without the keys in its replay cache is answered).
     Replay,
@@ -67,6 +71,7 @@ impl Scenario {
             Scenario::Idem => "idem",
             Scenario::IdemMacro => "idem-macro",
             Scenario::IdemRowLock => "idem-row-lock",
+            Scenario::IdemSolo => "idem-solo",
             Scenario::Replay => "replay",
             Scenario::ReplayCached => "replay-cached",
             Scenario::MixedSeedSql => "mixed-seed-sql",
@@ -93,6 +98,8 @@ pub struct Cell {
     pub rounds: Vec<f64>,
     /// Errors over all rounds.
     pub errors: u64,
+    /// The group commits of all rounds (SQLite), if any.
+    pub batches: Option<BatchSizes>,
 }
 
 /// Builds the operation for `scenario`. Keys are unique per run via `prefix`;
@@ -103,21 +110,24 @@ pub fn scenario_op(target: &Arc<dyn Target>, scenario: Scenario, prefix: String)
         Scenario::Unprotected => op(move |_| t.unprotected()),
         Scenario::SameWrites => op(move |i| t.same_writes(format!("{prefix}-{i}"))),
         Scenario::SeedSql => op(move |i| t.seed_sql(format!("{prefix}-{i}"))),
-        Scenario::Idem | Scenario::IdemMacro | Scenario::IdemRowLock => op(move |i| {
-            let key = format!("{prefix}-{i}");
-            let fut = match scenario {
-                Scenario::IdemMacro => t.idem_macro(key, TENANT.to_string()),
-                Scenario::IdemRowLock => t.idem_row_lock(key, TENANT.to_string()),
-                _ => t.idem(key, TENANT.to_string()),
-            };
-            async move {
-                match fut.await {
-                    Ok(Via::Executed) => Ok(()),
-                    Ok(via) => Err(format!("fresh key answered via {}", via).into()),
-                    Err(e) => Err(e.into()),
+        Scenario::Idem | Scenario::IdemMacro | Scenario::IdemRowLock | Scenario::IdemSolo => {
+            op(move |i| {
+                let key = format!("{prefix}-{i}");
+                let fut = match scenario {
+                    Scenario::IdemMacro => t.idem_macro(key, TENANT.to_string()),
+                    Scenario::IdemRowLock => t.idem_row_lock(key, TENANT.to_string()),
+                    Scenario::IdemSolo => t.idem_solo(key, TENANT.to_string()),
+                    _ => t.idem(key, TENANT.to_string()),
+                };
+                async move {
+                    match fut.await {
+                        Ok(Via::Executed) => Ok(()),
+                        Ok(via) => Err(format!("fresh key answered via {}", via).into()),
+                        Err(e) => Err(e.into()),
+                    }
                 }
-            }
-        }),
+            })
+        }
         Scenario::MixedSeedSql => op(move |i| {
             let (k, _) = mixed_key(i);
             t.seed_sql_or_replay(format!("{prefix}-{k}"))
@@ -201,6 +211,7 @@ pub async fn run(
     run_id: &str,
 ) -> Result<Vec<Cell>, BenchError> {
     let mut samples: BTreeMap<(Scenario, usize), Vec<Sample>> = BTreeMap::new();
+    let mut batches: BTreeMap<(Scenario, usize), BatchSizes> = BTreeMap::new();
     // Warm up the pool and the statement caches.
     for &s in scenarios {
         let (_, err) = drive(
@@ -234,7 +245,12 @@ pub async fn run(
                         return Err(format!("replay preparation on {}: {e}", target.name()).into());
                     }
                 }
+                batches::take();
                 let (sample, err) = drive(c, ops, scenario_op(&target, s, prefix)).await;
+                let sizes = batches::take();
+                if !sizes.is_empty() {
+                    batches.entry((s, c)).or_default().add(&sizes);
+                }
                 if let Some(e) = &err {
                     eprintln!(
                         "  {} {} c={c}: {} errors, first: {e}",
@@ -267,6 +283,7 @@ pub async fn run(
             p99_us: median(&v.iter().map(|x| x.p99_us).collect::<Vec<_>>()),
             rounds: v.iter().map(|x| x.throughput).collect(),
             errors: v.iter().map(|x| x.errors).sum(),
+            batches: batches.remove(&(s, c)),
         })
         .collect())
 }
