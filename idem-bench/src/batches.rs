@@ -13,7 +13,7 @@ use metrics::{
 };
 use serde::Serialize;
 
-/// The batch sizes recorded since the last [`BatchRecorder::take`].
+/// The batch sizes recorded since the last [`take`].
 #[derive(Default)]
 struct Sizes(Mutex<Vec<f64>>);
 
