@@ -489,8 +489,9 @@ async fn synchronous_replication_failover_loses_nothing() {
 async fn asynchronous_replication_failover_reruns_only_what_was_lost() {
     let figures = failover(false).await;
     assert!(figures.answered_before_kill >= KILL_AFTER as usize);
-    assert!(figures.unavailable > 0, "no claim met the missing primary");
-    // Answers were lost with the primary, each whole (record and write in
+    // Commits no longer wait for the standby, so the clients may have been
+    // answered for every key before the kill: the outage's 503s are the
+    // synchronous run's to show. Answers were lost with the primary, each whole (record and write in
     // one transaction): each such key ran once more, and only once.
     assert!(
         figures.lost > 0,
