@@ -22,67 +22,13 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use idem::{Engine, IdemError, IdempotencyKey, Operation, Policy, Problem, Scope, Via};
-use idem_test_support::PgServer;
+use idem_test_support::{free_port, is_root, postgres_tool as pg, run, PgServer};
 use sqlx::{PgPool, Postgres};
 
 const KEYS: usize = 240;
 const CLIENTS: usize = 8;
 /// The primary is killed once this many keys are answered.
 const KILL_AFTER: u64 = 90;
-
-fn bin(tool: &str) -> PathBuf {
-    let mut dirs: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
-        .expect("/usr/lib/postgresql")
-        .filter_map(|e| e.ok().map(|e| e.path().join("bin")))
-        .filter(|b| b.join(tool).is_file())
-        .collect();
-    dirs.sort();
-    dirs.pop().expect("postgres binaries").join(tool)
-}
-
-fn is_root() -> bool {
-    Command::new("id")
-        .arg("-u")
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
-        .unwrap_or(false)
-}
-
-/// Runs a Postgres tool as the `postgres` user when the tests run as root.
-fn pg(tool: &str) -> Command {
-    if is_root() {
-        let mut cmd = Command::new("runuser");
-        cmd.args(["-u", "postgres", "--"]).arg(bin(tool));
-        cmd
-    } else {
-        Command::new(bin(tool))
-    }
-}
-
-fn run(cmd: &mut Command) {
-    let out = cmd.stdin(Stdio::null()).output().unwrap();
-    assert!(
-        out.status.success(),
-        "{cmd:?}: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-fn port_of(url: &str) -> u16 {
-    url.rsplit_once(':')
-        .and_then(|(_, rest)| rest.split('/').next())
-        .and_then(|p| p.parse().ok())
-        .unwrap()
-}
 
 /// A standby of `primary_port` made with `pg_basebackup -R`, stopped and
 /// removed when dropped.
@@ -99,43 +45,59 @@ impl Standby {
             .unwrap()
             .keep();
         if is_root() {
-            run(Command::new("chown").args(["postgres:postgres"]).arg(&dir));
+            run(
+                Command::new("chown").args(["postgres:postgres"]).arg(&dir),
+                "chown",
+            )
+            .unwrap();
         }
         let data = dir.join("data");
-        run(pg("pg_basebackup")
-            .args([
-                "-h",
-                "127.0.0.1",
-                "-U",
-                "postgres",
-                "-X",
-                "stream",
-                "-R",
-                "-c",
-                "fast",
-                "-D",
-            ])
-            .arg(&data)
-            .args(["-p", &primary_port.to_string()]));
-        let port = free_port();
+        run(
+            pg("pg_basebackup")
+                .args([
+                    "-h",
+                    "127.0.0.1",
+                    "-U",
+                    "postgres",
+                    "-X",
+                    "stream",
+                    "-R",
+                    "-c",
+                    "fast",
+                    "-D",
+                ])
+                .arg(&data)
+                .args(["-p", &primary_port.to_string()]),
+            "pg_basebackup",
+        )
+        .unwrap();
+        let port = free_port().unwrap();
         let options = format!(
             "-c listen_addresses=127.0.0.1 -p {port} -k {} -c max_connections=300 -c fsync=off",
             dir.display()
         );
-        run(pg("pg_ctl")
-            .arg("-D")
-            .arg(&data)
-            .arg("-l")
-            .arg(dir.join("standby.log"))
-            .args(["-o", &options, "-w", "-t", "60", "start"]));
+        run(
+            pg("pg_ctl")
+                .arg("-D")
+                .arg(&data)
+                .arg("-l")
+                .arg(dir.join("standby.log"))
+                .args(["-o", &options, "-w", "-t", "60", "start"]),
+            "pg_ctl start",
+        )
+        .unwrap();
         Self { dir, port }
     }
 
     fn promote(&self) {
-        run(pg("pg_ctl")
-            .arg("-D")
-            .arg(self.dir.join("data"))
-            .args(["-w", "-t", "60", "promote"]));
+        run(
+            pg("pg_ctl")
+                .arg("-D")
+                .arg(self.dir.join("data"))
+                .args(["-w", "-t", "60", "promote"]),
+            "pg_ctl promote",
+        )
+        .unwrap();
     }
 }
 
@@ -303,7 +265,7 @@ async fn failover(synchronous: bool) -> Figures {
         .execute(&direct)
         .await
         .unwrap();
-    let standby = Standby::start(port_of(&url));
+    let standby = Standby::start(primary.port().unwrap());
     if synchronous {
         // One statement per message: ALTER SYSTEM runs outside any
         // transaction block.
@@ -338,7 +300,7 @@ async fn failover(synchronous: bool) -> Figures {
         .unwrap();
     direct.close().await;
 
-    let forwarder = Forwarder::start(port_of(&url)).await;
+    let forwarder = Forwarder::start(primary.port().unwrap()).await;
     let service_url = format!("postgres://postgres@127.0.0.1:{}/{name}", forwarder.port);
     let policy = Policy::default().with_wait_timeout(Duration::from_secs(1));
     let pool = idem::store::postgres::connect(&service_url, &policy, 8)
@@ -375,7 +337,11 @@ async fn failover(synchronous: bool) -> Figures {
             .fetch_one(&standby_pool)
             .await
             .unwrap();
-        run(Command::new("kill").args(["-STOP", &pid.to_string()]));
+        run(
+            Command::new("kill").args(["-STOP", &pid.to_string()]),
+            "kill -STOP",
+        )
+        .unwrap();
         tokio::time::sleep(Duration::from_millis(300)).await;
         Some(pid.to_string())
     };
@@ -389,13 +355,13 @@ async fn failover(synchronous: bool) -> Figures {
         .trim()
         .to_owned();
     killed.store(true, Ordering::SeqCst);
-    run(Command::new("kill").args(["-9", &pid]));
+    run(Command::new("kill").args(["-9", &pid]), "kill -9").unwrap();
     let _ = Command::new("pkill").args(["-9", "-P", &pid]).status();
     forwarder.point_at(0); // nothing answers while there is no primary
                            // What the held receiver had not written is gone with it (the bytes
                            // waiting in its socket too); the standby restarts its receiver.
     if let Some(pid) = receiver {
-        run(Command::new("kill").args(["-KILL", &pid]));
+        run(Command::new("kill").args(["-KILL", &pid]), "kill -KILL").unwrap();
     }
     tokio::time::sleep(Duration::from_secs(1)).await;
     standby.promote();

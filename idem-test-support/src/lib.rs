@@ -38,7 +38,9 @@ pub use backend::TestBackend;
 pub use captured::Captured;
 pub use harness::{charge, child_entry, operation, Harness, BATCH_CHILD_CHARGES};
 pub use pgbouncer_server::{PgBouncer, PoolMode};
-pub use postgres_server::{postgres, PgServer, FAST_SETTINGS};
+pub use postgres_server::{
+    free_port, is_root, postgres, postgres_tool, run, PgServer, FAST_SETTINGS,
+};
 pub use store::{example_binary, sqlite_file, TestDb};
 
 /// Emits, for each listed store (a harness constructor in [`stores`]:

@@ -10,6 +10,7 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::postgres_server::{free_port, is_root, run};
 use crate::PgServer;
 
 /// PgBouncer's `pool_mode`.
@@ -53,12 +54,9 @@ impl PgBouncer {
         let bin = find_pgbouncer().ok_or(
             "pgbouncer was not found: install it (Debian/Ubuntu: apt-get install -y pgbouncer)",
         )?;
-        let upstream = server.url("postgres");
-        let server_port = upstream
-            .rsplit_once(':')
-            .and_then(|(_, rest)| rest.split('/').next())
-            .and_then(|port| port.parse::<u16>().ok())
-            .ok_or_else(|| format!("no port in {upstream}"))?;
+        let server_port = server
+            .port()
+            .ok_or_else(|| format!("no port in {}", server.url("postgres")))?;
         let dir = tempfile::Builder::new()
             .prefix("idem-pgbouncer-")
             .tempdir()
@@ -90,14 +88,12 @@ impl PgBouncer {
             .map_err(|e| format!("userlist: {e}"))?;
         let as_root = is_root();
         if as_root {
-            let status = Command::new("chown")
-                .args(["-R", "postgres:postgres"])
-                .arg(&dir)
-                .status()
-                .map_err(|e| format!("chown: {e}"))?;
-            if !status.success() {
-                return Err("chown failed".into());
-            }
+            run(
+                Command::new("chown")
+                    .args(["-R", "postgres:postgres"])
+                    .arg(&dir),
+                "chown",
+            )?;
         }
         // PgBouncer refuses to run as root; the watchdog runs it in the
         // foreground and stops it once this process is gone. Paths reach
@@ -155,20 +151,4 @@ fn find_pgbouncer() -> Option<PathBuf> {
         let exe = PathBuf::from("/usr/sbin/pgbouncer");
         exe.is_file().then_some(exe)
     })
-}
-
-fn is_root() -> bool {
-    Command::new("id")
-        .arg("-u")
-        .output()
-        .map(|out| String::from_utf8_lossy(&out.stdout).trim() == "0")
-        .unwrap_or(false)
-}
-
-fn free_port() -> Result<u16, String> {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| format!("bind: {e}"))?;
-    listener
-        .local_addr()
-        .map(|a| a.port())
-        .map_err(|e| format!("local_addr: {e}"))
 }
