@@ -837,10 +837,7 @@ impl<DB: Backend> ClaimGuard<DB> {
                     // predates (REPEATABLE READ, SERIALIZABLE): the duplicate
                     // won; nothing of this attempt committed.
                     Err(error) if DB::is_duplicate_record(&error) => {
-                        return Err(IdemError::Conflict {
-                            retry_after: whole_seconds(policy.unavailable_retry_after),
-                            source: error,
-                        })
+                        return Err(conflict(&policy, error))
                     }
                     Err(error) => Err(error),
                 }
@@ -903,15 +900,21 @@ fn store_busy() -> IdemError {
     }
 }
 
+/// The claim's transaction lost to a concurrent one: a 503 with the
+/// policy's `Retry-After`, as for a store that is unavailable.
+fn conflict(policy: &Policy, source: sqlx::Error) -> IdemError {
+    IdemError::Conflict {
+        retry_after: whole_seconds(policy.unavailable_retry_after),
+        source,
+    }
+}
+
 /// A store error as the engine answers it: a conflict with a concurrent
 /// transaction ([`crate::is_conflict`]) is [`IdemError::Conflict`], anything
 /// else the store being unavailable. Both are a 503 with `Retry-After`.
 fn unavailable(policy: &Policy, source: sqlx::Error) -> IdemError {
     if crate::error::is_conflict(&source) {
-        return IdemError::Conflict {
-            retry_after: whole_seconds(policy.unavailable_retry_after),
-            source,
-        };
+        return conflict(policy, source);
     }
     IdemError::Unavailable {
         retry_after: whole_seconds(policy.unavailable_retry_after),

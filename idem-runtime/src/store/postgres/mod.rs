@@ -91,11 +91,7 @@ pub async fn connect(
 
 /// The pool options [`connect`] uses, for callers that build their own pool.
 pub fn pool_options(policy: &Policy, max_connections: u32) -> PgPoolOptions {
-    PgPoolOptions::new()
-        .max_connections(max_connections)
-        .test_before_acquire(false)
-        .acquire_timeout(policy.wait_timeout.max(Duration::from_secs(5)))
-        .after_connect(|conn, _| Box::pin(prepare_claims(conn)))
+    pool_options_for(policy, max_connections, Pooler::Session)
 }
 
 /// Prepares, in `conn`'s session, the statements a fresh key's claim and its
@@ -255,12 +251,13 @@ pub struct PgSettings {
 /// # Ok(()) }
 /// ```
 pub fn pool_options_for(policy: &Policy, max_connections: u32, pooler: Pooler) -> PgPoolOptions {
+    let options = PgPoolOptions::new()
+        .max_connections(max_connections)
+        .test_before_acquire(false)
+        .acquire_timeout(policy.wait_timeout.max(Duration::from_secs(5)));
     match pooler {
-        Pooler::Session => pool_options(policy, max_connections),
-        Pooler::Transaction => PgPoolOptions::new()
-            .max_connections(max_connections)
-            .test_before_acquire(false)
-            .acquire_timeout(policy.wait_timeout.max(Duration::from_secs(5))),
+        Pooler::Session => options.after_connect(|conn, _| Box::pin(prepare_claims(conn))),
+        Pooler::Transaction => options,
     }
 }
 
