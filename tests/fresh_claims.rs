@@ -159,8 +159,10 @@ async fn a_completion_that_fails_rolls_the_work_back<DB: TestBackend>(
             Ok::<i64, Problem>(1)
         })
         .await;
+    // Another writer's row for the key is a conflicting transaction: 503 +
+    // Retry-After, nothing committed.
     assert!(
-        matches!(outcome, Err(IdemError::Unavailable { .. })),
+        matches!(outcome, Err(IdemError::Conflict { .. })),
         "{outcome:?}"
     );
     assert_eq!(h.payments().await, 1, "only k-seed's payment");

@@ -5,6 +5,7 @@
 //! it keeps that one histogram and drops every other metric, so the engine
 //! pays no more for its metrics than it does without a recorder.
 
+use std::future::Future;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use idem_runtime::metrics::BATCH_CLAIMS;
@@ -13,7 +14,7 @@ use metrics::{
 };
 use serde::Serialize;
 
-/// The batch sizes recorded since the last [`take`].
+/// The batch sizes recorded since they were last taken.
 #[derive(Default)]
 struct Sizes(Mutex<Vec<f64>>);
 
@@ -36,8 +37,16 @@ pub fn install() {
     let _ = metrics::set_global_recorder(recorder);
 }
 
-/// The batch sizes recorded since the last call (none before [`install`]).
-pub fn take() -> Vec<f64> {
+/// Runs `work` and returns, with its output, the batch sizes recorded
+/// while it ran (none before [`install`]).
+pub async fn recorded<T>(work: impl Future<Output = T>) -> (T, Vec<f64>) {
+    take();
+    let output = work.await;
+    (output, take())
+}
+
+/// The batch sizes recorded since the last call.
+fn take() -> Vec<f64> {
     RECORDER.get().map_or_else(Vec::new, |r| {
         std::mem::take(&mut *r.0 .0.lock().expect("batch sizes"))
     })

@@ -21,7 +21,6 @@ use idem::{steps, Engine, IdemError, IdempotencyKey, Operation, Problem, Scope, 
 use serde::Serialize;
 
 use crate::batches::{self, BatchSizes};
-
 use crate::charge::{Business, Charge, CHARGE_CARD};
 use crate::measure::percentile;
 use crate::target::BenchError;
@@ -186,29 +185,26 @@ where
     let (mut plain, mut with) = (Vec::new(), Vec::new());
     let (mut plain_batches, mut with_batches) = (BatchSizes::default(), BatchSizes::default());
     for round in 0..rounds {
-        batches::take();
-        plain.push(
-            ops_per_second(
-                engine,
-                clients,
-                ops,
-                &format!("{run_id}-plain-{round}"),
-                |engine, key, tenant| async move { crate::charge::keyed(&engine, key, tenant).await },
-            )
-            .await?,
-        );
-        plain_batches.add(&batches::take());
-        with.push(
-            ops_per_second(
-                engine,
-                clients,
-                ops,
-                &format!("{run_id}-enqueue-{round}"),
-                |engine, key, tenant| async move { keyed_with_message(&engine, key, tenant).await },
-            )
-            .await?,
-        );
-        with_batches.add(&batches::take());
+        let (rate, sizes) = batches::recorded(ops_per_second(
+            engine,
+            clients,
+            ops,
+            &format!("{run_id}-plain-{round}"),
+            |engine, key, tenant| async move { crate::charge::keyed(&engine, key, tenant).await },
+        ))
+        .await;
+        plain.push(rate?);
+        plain_batches.add(&sizes);
+        let (rate, sizes) = batches::recorded(ops_per_second(
+            engine,
+            clients,
+            ops,
+            &format!("{run_id}-enqueue-{round}"),
+            |engine, key, tenant| async move { keyed_with_message(&engine, key, tenant).await },
+        ))
+        .await;
+        with.push(rate?);
+        with_batches.add(&sizes);
     }
     let (plain_ops_s, enqueue_ops_s) = (median(plain), median(with));
     let cost = EnqueueCost {

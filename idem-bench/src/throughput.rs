@@ -245,9 +245,8 @@ pub async fn run(
                         return Err(format!("replay preparation on {}: {e}", target.name()).into());
                     }
                 }
-                batches::take();
-                let (sample, err) = drive(c, ops, scenario_op(&target, s, prefix)).await;
-                let sizes = batches::take();
+                let ((sample, err), sizes) =
+                    batches::recorded(drive(c, ops, scenario_op(&target, s, prefix))).await;
                 if !sizes.is_empty() {
                     batches.entry((s, c)).or_default().add(&sizes);
                 }

@@ -92,6 +92,13 @@ pub mod types {
     /// assert!(idem_core::problem::types::STORE_BUSY.ends_with("#store-busy"));
     /// ```
     pub const STORE_BUSY: &str = crate::__problem_type!("store-busy");
+    /// The operation's transaction conflicted with a concurrent one (a
+    /// serialization failure or a deadlock) and was rolled back (503).
+    ///
+    /// ```
+    /// assert!(idem_core::problem::types::TRANSACTION_CONFLICT.ends_with("#transaction-conflict"));
+    /// ```
+    pub const TRANSACTION_CONFLICT: &str = crate::__problem_type!("transaction-conflict");
     /// The operation did not finish in time and was rolled back (504).
     ///
     /// ```

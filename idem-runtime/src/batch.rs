@@ -7,7 +7,10 @@
 //! record's read under the lock, the work's writes and the completed record.
 //! `RELEASE` keeps them, `ROLLBACK TO` undoes them (an error, a status that
 //! is not stored, a panic or a dropped future: the turn's drop marks the
-//! savepoint for rollback before the writer's next statement). The writer
+//! savepoint for rollback before the writer's next statement). The turn that
+//! opens a batch needs no savepoint: the transaction holds its writes alone,
+//! and undoing them is its `ROLLBACK`, so a claim alone sends the statements
+//! of a transaction of its own. The writer
 //! commits when no claim is waiting, or when the batch reaches
 //! [`GroupCommit`]'s bounds; only then does any claim of the batch get its
 //! answer, so nothing is answered that is not durable. A failed `COMMIT`
@@ -69,6 +72,10 @@ struct Writer<DB: Backend> {
 /// `COMMIT`.
 struct Batch<DB: Backend> {
     tx: Transaction<'static, DB>,
+    /// Whether the turn holding the writer is under a savepoint. The turn
+    /// that opens a batch is not: its transaction holds its writes alone,
+    /// so rolling them back is rolling the transaction back.
+    savepoint: bool,
     opened: Instant,
     kept: u32,
     waiting: Vec<oneshot::Sender<Result<(), Arc<str>>>>,
@@ -135,6 +142,7 @@ impl<DB: Backend> Batcher<DB> {
         writer.roll_back_pending().await;
         let record = match &mut writer.batch {
             Some(batch) => {
+                batch.savepoint = true;
                 let read = async {
                     DB::run_raw(&mut batch.tx, SAVEPOINT).await?;
                     DB::lookup_unlocked(&mut batch.tx, op).await
@@ -149,16 +157,14 @@ impl<DB: Backend> Batcher<DB> {
             }
             None => {
                 let conn = pool.acquire().await.map_err(NoTurn::Store)?;
-                let mut locked = match DB::lock_and_read(conn, op, policy, settings).await {
+                let locked = match DB::lock_and_read(conn, op, policy, settings).await {
                     Ok(locked) => locked,
                     Err(error) if DB::is_lock_busy(&error) => return Err(NoTurn::Busy),
                     Err(error) => return Err(NoTurn::Store(error)),
                 };
-                DB::run_raw(&mut locked.tx, SAVEPOINT)
-                    .await
-                    .map_err(NoTurn::Store)?;
                 writer.batch = Some(Batch {
                     tx: locked.tx,
+                    savepoint: false,
                     opened: Instant::now(),
                     kept: 0,
                     waiting: Vec::new(),
@@ -255,11 +261,15 @@ impl<DB: Backend> Turn<DB> {
         let shared = self.held.shared.clone();
         let limits = self.limits;
         let writer = self.held.writer();
-        let batch = writer.batch.as_mut().expect("a turn has its batch");
-        if let Err(error) = end_savepoint::<DB>(&mut batch.tx, keep).await {
+        if let Err(error) = writer.end_turn(keep).await {
             writer.abandon(&error);
             return Err(error);
         }
+        let Some(batch) = writer.batch.as_mut() else {
+            // The batch's opening turn rolled back, and the batch with it.
+            self.held.release();
+            return Ok(());
+        };
         let committed = keep.then(|| {
             let (sender, receiver) = oneshot::channel();
             batch.waiting.push(sender);
@@ -325,9 +335,28 @@ impl<DB: Backend> Writer<DB> {
         if !std::mem::take(&mut self.rollback_pending) {
             return;
         }
-        if let Some(batch) = &mut self.batch {
-            if let Err(error) = end_savepoint::<DB>(&mut batch.tx, false).await {
-                self.abandon(&error);
+        if let Err(error) = self.end_turn(false).await {
+            self.abandon(&error);
+        }
+    }
+
+    /// Ends the current turn: keeps its writes or rolls them back, to its
+    /// savepoint, or with the whole transaction when the turn opened the
+    /// batch (nothing else is in it).
+    async fn end_turn(&mut self, keep: bool) -> Result<(), sqlx::Error> {
+        let Some(batch) = &mut self.batch else {
+            return Ok(());
+        };
+        match (batch.savepoint, keep) {
+            (true, false) => {
+                DB::run_raw(&mut batch.tx, ROLLBACK).await?;
+                DB::run_raw(&mut batch.tx, RELEASE).await
+            }
+            (true, true) => DB::run_raw(&mut batch.tx, RELEASE).await,
+            (false, true) => Ok(()),
+            (false, false) => {
+                let batch = self.batch.take().expect("matched above");
+                batch.tx.rollback().await
             }
         }
     }
@@ -362,17 +391,6 @@ impl<DB: Backend> Writer<DB> {
             }
         }
     }
-}
-
-/// `RELEASE` the turn's savepoint, after rolling back to it unless `keep`.
-async fn end_savepoint<DB: Backend>(
-    conn: &mut DB::Connection,
-    keep: bool,
-) -> Result<(), sqlx::Error> {
-    if !keep {
-        DB::run_raw(conn, ROLLBACK).await?;
-    }
-    DB::run_raw(conn, RELEASE).await
 }
 
 fn batch_failed(why: &str) -> sqlx::Error {

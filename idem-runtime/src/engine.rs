@@ -305,6 +305,68 @@ impl<DB: Backend> Engine<DB> {
         self.run_as(op, O::to_stored, O::from_stored, work).await
     }
 
+    /// [`Engine::run`] for work that is safe to run again in this process:
+    /// when the claim's transaction loses to a concurrent one (a
+    /// serialization failure under `SERIALIZABLE` or `REPEATABLE READ`, or a
+    /// deadlock, raised by the claim, the work or the `COMMIT`), nothing
+    /// was committed, and the whole claim and work run again, at most
+    /// [`Policy::conflict_retries`] more times. The work sees the conflict
+    /// as an error of its statements; returning it as a [`Problem`](crate::Problem)
+    /// (`?` on a `sqlx::Error` does) or any error whose
+    /// [`ErrorStatus::is_conflict`](crate::ErrorStatus::is_conflict) says so
+    /// asks for the re-run. A re-run that finds the key completed meanwhile
+    /// replays it. Past the bound, or for a durable claim (whose work calls
+    /// other systems), the answer is [`IdemError::Conflict`] (or the work's
+    /// own conflict error): a 503 with `Retry-After`, so the client retries.
+    ///
+    /// ```no_run
+    /// # async fn demo(engine: idem_runtime::Engine<sqlx::Postgres>, op: idem_runtime::Operation) -> Result<(), idem_runtime::IdemError> {
+    /// let done = engine
+    ///     .run_repeatable(&op, async |tx| {
+    ///         sqlx::query("UPDATE accounts SET balance = balance - 25 WHERE id = 1")
+    ///             .execute(&mut *tx)
+    ///             .await?;
+    ///         Ok::<_, idem_runtime::Problem>("debited".to_string())
+    ///     })
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn run_repeatable<O, F>(
+        &self,
+        op: &Operation,
+        mut work: F,
+    ) -> Result<Answer<O>, IdemError>
+    where
+        O: Outcome + Send,
+        F: AsyncFnMut(&mut DB::Connection) -> O,
+    {
+        let policy = op.policy.unwrap_or(self.policy);
+        let reruns = match policy.claim_mode {
+            ClaimMode::Durable => 0,
+            ClaimMode::Transactional => policy.conflict_retries,
+        };
+        let mut rerun = 0;
+        loop {
+            let answer = self
+                .run_as(op, O::to_stored, O::from_stored, async |conn| {
+                    work(conn).await
+                })
+                .await;
+            let conflicted = match &answer {
+                Err(IdemError::Conflict { .. }) => true,
+                Ok(answer) => answer.value.is_conflict(),
+                Err(_) => false,
+            };
+            if !conflicted || rerun >= reruns {
+                return answer;
+            }
+            rerun += 1;
+            // Apart from the transaction it lost to, which is likely
+            // still finishing: a few milliseconds, growing.
+            tokio::time::sleep(Duration::from_millis(u64::from(rerun) * 5)).await;
+        }
+    }
+
     /// [`Engine::run`] for an outcome type whose storage is given as its two
     /// functions: what to keep of a value, and how to rebuild one from a
     /// replay. The code `#[idempotent]` generates reaches this, with
@@ -404,7 +466,7 @@ impl<DB: Backend> Engine<DB> {
             };
         }
         // A repeat is a read: answered without a lock or a transaction.
-        if !read_already {
+        if !read_already && DB::reads_before_lock(self.settings) {
             match DB::lookup_unlocked(&mut conn, op).await {
                 Ok(record) => match decide(record, op) {
                     Decision::Execute(_) => {}
@@ -580,7 +642,9 @@ impl<DB: Backend> Engine<DB> {
         policy: &Policy,
         error: sqlx::Error,
     ) -> Result<Claim<DB>, IdemError> {
-        if policy.failure_mode == FailureMode::Closed {
+        // A conflict is the database answering, not the store being down:
+        // never a reason to run without deduplication.
+        if policy.failure_mode == FailureMode::Closed || crate::error::is_conflict(&error) {
             return Err(unavailable(policy, error));
         }
         self.counters.failed_open.fetch_add(1, Ordering::Relaxed);
@@ -752,15 +816,31 @@ impl<DB: Backend> ClaimGuard<DB> {
             }
             (ClaimTx::Own(tx), Via::FailedOpen, _) => tx.commit().await.map(|()| true),
             (ClaimTx::Own(mut tx), _, Some(token)) => {
-                match DB::write_claimed(&mut tx, &op, token, &response, &policy).await {
+                let done = match DB::write_claimed(&mut tx, &op, token, &response, &policy).await {
                     Ok(true) => tx.commit().await.map(|()| true),
                     other => other,
+                };
+                // Nothing of the work committed (a conflict, a lost
+                // connection): free the key now rather than at its lock's
+                // expiry. Only this attempt's in-progress row can go.
+                if done.is_err() {
+                    let _ = DB::release_claim(&pool, &op, token).await;
                 }
+                done
             }
             (ClaimTx::Own(tx), _, None) => {
-                DB::commit_completed(tx, &op, &response, &policy, replaces, fresh_first)
-                    .await
-                    .map(|()| true)
+                match DB::commit_completed(tx, &op, &response, &policy, replaces, fresh_first).await
+                {
+                    Ok(()) => Ok(true),
+                    // The record's insert met a record committed meanwhile
+                    // by a duplicate whose commit this transaction's snapshot
+                    // predates (REPEATABLE READ, SERIALIZABLE): the duplicate
+                    // won; nothing of this attempt committed.
+                    Err(error) if DB::is_duplicate_record(&error) => {
+                        return Err(conflict(&policy, error))
+                    }
+                    Err(error) => Err(error),
+                }
             }
         };
         match committed {
@@ -820,7 +900,22 @@ fn store_busy() -> IdemError {
     }
 }
 
+/// The claim's transaction lost to a concurrent one: a 503 with the
+/// policy's `Retry-After`, as for a store that is unavailable.
+fn conflict(policy: &Policy, source: sqlx::Error) -> IdemError {
+    IdemError::Conflict {
+        retry_after: whole_seconds(policy.unavailable_retry_after),
+        source,
+    }
+}
+
+/// A store error as the engine answers it: a conflict with a concurrent
+/// transaction ([`crate::is_conflict`]) is [`IdemError::Conflict`], anything
+/// else the store being unavailable. Both are a 503 with `Retry-After`.
 fn unavailable(policy: &Policy, source: sqlx::Error) -> IdemError {
+    if crate::error::is_conflict(&source) {
+        return conflict(policy, source);
+    }
     IdemError::Unavailable {
         retry_after: whole_seconds(policy.unavailable_retry_after),
         source,

@@ -7,8 +7,8 @@ use crate::outcome::ReplayError;
 /// Why an operation did not run (or could not be answered).
 ///
 /// Each variant maps to one row of the protocol: `Mismatch` is a 422,
-/// `InProgress` a 409 with `Retry-After`, `Unavailable` and `StoreBusy` a 503
-/// with `Retry-After`.
+/// `InProgress` a 409 with `Retry-After`, `Unavailable`, `StoreBusy` and
+/// `Conflict` a 503 with `Retry-After`.
 #[derive(Debug, thiserror::Error)]
 pub enum IdemError {
     /// The key was used before with a different request; nothing ran.
@@ -34,6 +34,19 @@ pub enum IdemError {
         /// When to retry.
         retry_after: Duration,
         /// The store's error.
+        #[source]
+        source: sqlx::Error,
+    },
+    /// The claim's transaction lost to a concurrent one: the database raised
+    /// a serialization failure (SQLSTATE `40001`, from `SERIALIZABLE` or
+    /// `REPEATABLE READ`) or a deadlock (`40P01`) in the claim, the work or
+    /// the `COMMIT`. Nothing was committed and the key is free: a retry of
+    /// the same request runs it again or replays the attempt that won.
+    #[error("the operation conflicted with a concurrent transaction and was rolled back; retry in {}s", retry_after.as_secs())]
+    Conflict {
+        /// When to retry.
+        retry_after: Duration,
+        /// The database's error.
         #[source]
         source: sqlx::Error,
     },
@@ -64,7 +77,9 @@ impl IdemError {
         match self {
             IdemError::Mismatch => 422,
             IdemError::InProgress { .. } | IdemError::LockLost => 409,
-            IdemError::Unavailable { .. } | IdemError::StoreBusy { .. } => 503,
+            IdemError::Unavailable { .. }
+            | IdemError::StoreBusy { .. }
+            | IdemError::Conflict { .. } => 503,
             IdemError::TimedOut { .. } => 504,
             IdemError::Replay(_) => 500,
         }
@@ -75,7 +90,8 @@ impl IdemError {
         match self {
             IdemError::InProgress { retry_after }
             | IdemError::StoreBusy { retry_after }
-            | IdemError::Unavailable { retry_after, .. } => Some(*retry_after),
+            | IdemError::Unavailable { retry_after, .. }
+            | IdemError::Conflict { retry_after, .. } => Some(*retry_after),
             _ => None,
         }
     }
@@ -85,4 +101,17 @@ impl IdemError {
 pub(crate) fn whole_seconds(duration: Duration) -> Duration {
     let secs = duration.as_secs() + u64::from(duration.subsec_nanos() > 0);
     Duration::from_secs(secs.max(1))
+}
+
+/// Whether `error` is the database refusing a transaction because it
+/// conflicted with a concurrent one, after which the whole transaction can
+/// be run again: a serialization failure (SQLSTATE `40001`) or a deadlock
+/// (`40P01`). Nothing of the transaction was committed.
+///
+/// ```
+/// assert!(!idem_runtime::is_conflict(&sqlx::Error::PoolTimedOut));
+/// ```
+pub fn is_conflict(error: &sqlx::Error) -> bool {
+    matches!(error, sqlx::Error::Database(db)
+        if matches!(db.code().as_deref(), Some("40001") | Some("40P01")))
 }

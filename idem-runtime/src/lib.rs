@@ -53,7 +53,7 @@ pub mod store;
 pub mod tower;
 
 pub use engine::{Answer, Claim, ClaimGuard, Engine, Replay, Stats, Via};
-pub use error::IdemError;
+pub use error::{is_conflict, IdemError};
 pub use fingerprint::{fingerprint, Fingerprint, FingerprintHasher, Label, RequestHash};
 // The key and step types live in idem-core, which idem-client shares.
 pub use idem_core::{check_step_name, child_key, Step, StepNameError};
@@ -66,7 +66,7 @@ pub use replay_cache::ReplayCache;
 pub use retention::Purger;
 pub use scope::{Scope, ScopePart};
 #[cfg(feature = "postgres")]
-pub use store::postgres::KeyLock;
+pub use store::postgres::{KeyLock, Pooler};
 pub use store::Backend;
 
 pub use sqlx;

@@ -92,6 +92,9 @@ pub enum ClaimOutcome {
     Fenced,
     /// Any other error.
     Error,
+    /// The claim's transaction lost to a concurrent one (serialization
+    /// failure or deadlock) and rolled back.
+    Conflict,
 }
 
 impl ClaimOutcome {
@@ -112,6 +115,7 @@ impl ClaimOutcome {
             ClaimOutcome::Unavailable => "unavailable",
             ClaimOutcome::Fenced => "fenced",
             ClaimOutcome::Error => "error",
+            ClaimOutcome::Conflict => "conflict",
         }
     }
 
@@ -123,6 +127,7 @@ impl ClaimOutcome {
             IdemError::Unavailable { .. } | IdemError::StoreBusy { .. } => {
                 ClaimOutcome::Unavailable
             }
+            IdemError::Conflict { .. } => ClaimOutcome::Conflict,
             IdemError::LockLost => ClaimOutcome::Fenced,
             IdemError::TimedOut { .. } | IdemError::Replay(_) => ClaimOutcome::Error,
         }

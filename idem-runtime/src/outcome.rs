@@ -129,6 +129,12 @@ pub trait Outcome: Sized {
     fn to_stored(&self) -> Option<StoredResponse>;
     /// Rebuilds the outcome for a replay.
     fn from_stored(stored: StoredResponse) -> Result<Self, ReplayError>;
+    /// Whether the work failed because its transaction lost to a concurrent
+    /// one, so that running it again may succeed (see
+    /// [`crate::Engine::run_repeatable`]). Default `false`.
+    fn is_conflict(&self) -> bool {
+        false
+    }
 }
 
 /// An error an idempotent operation may return.
@@ -158,6 +164,15 @@ pub trait Outcome: Sized {
 pub trait ErrorStatus: Serialize + DeserializeOwned {
     /// The HTTP-style status of this error.
     fn status(&self) -> u16;
+
+    /// Whether this error says the work's transaction lost to a concurrent
+    /// one (a serialization failure or a deadlock, see
+    /// [`crate::is_conflict`]): [`crate::Engine::run_repeatable`] then runs
+    /// the claim and the work again. Default `false`; [`crate::Problem`]
+    /// answers for its `transaction-conflict` type.
+    fn is_conflict(&self) -> bool {
+        false
+    }
 }
 
 /// The status a stored success carries.
@@ -201,6 +216,10 @@ where
             status: stored.status,
             source,
         })
+    }
+
+    fn is_conflict(&self) -> bool {
+        matches!(self, Err(error) if error.is_conflict())
     }
 }
 

@@ -61,6 +61,12 @@ pub struct Policy {
     /// Default [`GroupCommit::DEFAULT`]. Ignored elsewhere and by durable
     /// claims, which always commit alone.
     pub group_commit: Option<GroupCommit>,
+    /// How many times [`crate::Engine::run_repeatable`] runs a claim and its
+    /// work again after its transaction lost to a concurrent one (a
+    /// serialization failure or a deadlock); past it, a 503 with
+    /// `Retry-After`. Ignored by [`crate::Engine::run`], the macros' handlers
+    /// and durable claims, whose work is not re-run in process. Default 3.
+    pub conflict_retries: u32,
 }
 
 /// The bounds of a SQLite group commit: a batch commits when no claim waits
@@ -111,6 +117,7 @@ impl Default for Policy {
             claim_mode: ClaimMode::Transactional,
             unavailable_retry_after: Duration::from_secs(1),
             group_commit: Some(GroupCommit::DEFAULT),
+            conflict_retries: 3,
         }
     }
 }
@@ -119,6 +126,17 @@ impl Policy {
     /// Sets [`Policy::group_commit`].
     pub fn with_group_commit(mut self, group_commit: Option<GroupCommit>) -> Self {
         self.group_commit = group_commit;
+        self
+    }
+
+    /// Sets [`Policy::conflict_retries`].
+    ///
+    /// ```
+    /// let policy = idem_runtime::Policy::default().with_conflict_retries(0);
+    /// assert_eq!(policy.conflict_retries, 0);
+    /// ```
+    pub fn with_conflict_retries(mut self, reruns: u32) -> Self {
+        self.conflict_retries = reruns;
         self
     }
 

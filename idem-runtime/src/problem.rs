@@ -77,11 +77,34 @@ impl ErrorStatus for Problem {
     fn status(&self) -> u16 {
         self.status
     }
+
+    fn is_conflict(&self) -> bool {
+        self.type_ == idem_core::problem::types::TRANSACTION_CONFLICT
+    }
 }
 
 impl From<sqlx::Error> for Problem {
-    /// A database error during the work is transient: 503, rolled back.
+    /// A database error during the work is transient: 503, rolled back. A
+    /// serialization failure or a deadlock ([`crate::is_conflict`]) is the
+    /// problem type `transaction-conflict` (over HTTP with `Retry-After`),
+    /// which [`crate::Engine::run_repeatable`] answers by running the claim
+    /// and the work again.
+    ///
+    /// ```
+    /// use idem_runtime::{ErrorStatus, Problem};
+    /// let problem = Problem::from(sqlx::Error::PoolTimedOut);
+    /// assert_eq!(problem.status, 503);
+    /// assert!(!problem.is_conflict());
+    /// ```
     fn from(error: sqlx::Error) -> Self {
+        if crate::error::is_conflict(&error) {
+            return Problem::new(503, "Transaction conflict")
+                .with_type(idem_core::problem::types::TRANSACTION_CONFLICT)
+                .with_detail(
+                    "The operation conflicted with a concurrent transaction and was rolled back; \
+                     nothing was stored. Retry the same request with the same key.",
+                );
+        }
         Problem::new(503, "Database unavailable").with_detail(sentence(&error.to_string()))
     }
 }

@@ -31,7 +31,9 @@ mod backend;
 mod captured;
 mod harness;
 mod mysql_server;
+mod pgbouncer_server;
 mod postgres_server;
+mod process;
 mod store;
 pub mod stores;
 
@@ -39,7 +41,9 @@ pub use backend::TestBackend;
 pub use captured::Captured;
 pub use harness::{charge, child_entry, operation, Harness, BATCH_CHILD_CHARGES};
 pub use mysql_server::{mysql, MySqlServer};
-pub use postgres_server::{postgres, PgServer, FAST_SETTINGS};
+pub use pgbouncer_server::{PgBouncer, PoolMode};
+pub use postgres_server::{postgres, postgres_tool, PgServer, FAST_SETTINGS};
+pub use process::{free_port, is_root, run};
 pub use store::{example_binary, sqlite_file, TestDb};
 
 /// Emits, for each listed store (a harness constructor in [`stores`]:

@@ -17,6 +17,8 @@ use std::time::{Duration, Instant};
 
 use sqlx::{Connection, Executor, MySqlConnection};
 
+use crate::process::{free_port, run};
+
 /// A running MariaDB (or MySQL) server.
 #[derive(Debug)]
 pub struct MySqlServer {
@@ -205,31 +207,6 @@ fn current_user() -> String {
         .map(|out| String::from_utf8_lossy(&out.stdout).trim().to_owned())
         .filter(|name| !name.is_empty())
         .unwrap_or_else(|| "root".to_owned())
-}
-
-fn free_port() -> Result<u16, String> {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| format!("bind: {e}"))?;
-    listener
-        .local_addr()
-        .map(|a| a.port())
-        .map_err(|e| format!("local_addr: {e}"))
-}
-
-fn run(cmd: &mut Command, what: &str) -> Result<(), String> {
-    let out = cmd
-        .stdin(Stdio::null())
-        .output()
-        .map_err(|e| format!("{what}: {e}"))?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(format!(
-            "{what} failed ({}): {}{}",
-            out.status,
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        ))
-    }
 }
 
 /// Polls the server with a connection until one succeeds (60 s at most).

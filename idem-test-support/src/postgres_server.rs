@@ -12,6 +12,7 @@ use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::OnceLock;
 
+use crate::process::{free_port, is_root, run};
 use sqlx::{Connection, Executor, PgConnection};
 
 /// Settings for a test cluster: fast, not durable (tests kill clients, not the server).
@@ -44,14 +45,7 @@ struct Cluster {
 
 impl Cluster {
     fn pg_ctl(&self) -> Command {
-        let exe = self.bin.join("pg_ctl");
-        if self.as_root {
-            let mut cmd = Command::new("runuser");
-            cmd.args(["-u", "postgres", "--"]).arg(exe);
-            cmd
-        } else {
-            Command::new(exe)
-        }
+        as_postgres(self.bin.join("pg_ctl"), self.as_root)
     }
 }
 
@@ -102,16 +96,7 @@ impl PgServer {
             )?;
         }
         let port = free_port()?;
-        let pg = |tool: &str| -> Command {
-            let exe = bin.join(tool);
-            if as_root {
-                let mut cmd = Command::new("runuser");
-                cmd.args(["-u", "postgres", "--"]).arg(exe);
-                cmd
-            } else {
-                Command::new(exe)
-            }
-        };
+        let pg = |tool: &str| as_postgres(bin.join(tool), as_root);
         run(
             pg("initdb").arg("-D").arg(&data).args([
                 "-U",
@@ -200,6 +185,21 @@ impl PgServer {
     /// The server's log file, for a cluster this process started.
     pub fn log_file(&self) -> Option<&Path> {
         self.cluster.as_ref().map(|cluster| cluster.log.as_path())
+    }
+
+    /// The port of the server's URL on its host, if the URL names one.
+    ///
+    /// ```no_run
+    /// let port = idem_test_support::postgres().port().unwrap();
+    /// assert!(idem_test_support::postgres().url("postgres").contains(&format!(":{port}/")));
+    /// ```
+    pub fn port(&self) -> Option<u16> {
+        let base = self.base_url.split(['?', '#']).next().unwrap_or_default();
+        let authority = base.split_once("://").map_or(base, |(_, rest)| rest);
+        let host = authority.split('/').next().unwrap_or_default();
+        let host = host.rsplit_once('@').map_or(host, |(_, host)| host);
+        host.rsplit_once(':')
+            .and_then(|(_, port)| port.parse().ok())
     }
 
     /// The server's URL for database `name` (replacing any database the base URL names).
@@ -294,36 +294,28 @@ fn find_bin_dir() -> Option<PathBuf> {
     candidates.pop()
 }
 
-fn is_root() -> bool {
-    Command::new("id")
-        .arg("-u")
-        .output()
-        .map(|out| String::from_utf8_lossy(&out.stdout).trim() == "0")
-        .unwrap_or(false)
+/// A command running the system's Postgres tool `tool` (`pg_ctl`,
+/// `pg_basebackup`, …) from the installation the harness uses, as the
+/// `postgres` user when the tests run as root.
+///
+/// ```no_run
+/// let status = idem_test_support::postgres_tool("pg_ctl").arg("--version").status().unwrap();
+/// assert!(status.success());
+/// ```
+pub fn postgres_tool(tool: &str) -> Command {
+    let exe = find_bin_dir()
+        .expect("initdb and pg_ctl were not found")
+        .join(tool);
+    as_postgres(exe, is_root())
 }
 
-fn free_port() -> Result<u16, String> {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| format!("bind: {e}"))?;
-    listener
-        .local_addr()
-        .map(|a| a.port())
-        .map_err(|e| format!("local_addr: {e}"))
-}
-
-fn run(cmd: &mut Command, what: &str) -> Result<(), String> {
-    let out = cmd
-        .stdin(Stdio::null())
-        .output()
-        .map_err(|e| format!("{what}: {e}"))?;
-    if out.status.success() {
-        Ok(())
+fn as_postgres(exe: PathBuf, as_root: bool) -> Command {
+    if as_root {
+        let mut cmd = Command::new("runuser");
+        cmd.args(["-u", "postgres", "--"]).arg(exe);
+        cmd
     } else {
-        Err(format!(
-            "{what} failed ({}): {}{}",
-            out.status,
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        ))
+        Command::new(exe)
     }
 }
 

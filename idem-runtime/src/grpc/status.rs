@@ -183,6 +183,13 @@ impl From<IdemError> for Status {
                         .to_owned(),
                 )
             }
+            IdemError::Conflict { .. } => (
+                Code::Unavailable,
+                types::TRANSACTION_CONFLICT,
+                "the operation conflicted with a concurrent transaction and was rolled back; nothing was \
+                 stored. Retry the same request with the same key"
+                    .to_owned(),
+            ),
             IdemError::TimedOut { limit } => (
                 Code::DeadlineExceeded,
                 types::TIMED_OUT,

@@ -53,6 +53,15 @@ impl From<&IdemError> for Problem {
                     retry_after.as_secs().max(1)
                 ),
             ),
+            IdemError::Conflict { retry_after, .. } => (
+                types::TRANSACTION_CONFLICT,
+                "Transaction conflict",
+                format!(
+                    "The operation conflicted with a concurrent transaction and was rolled back; nothing was \
+                     stored. Retry the same request with the same key after {} second(s).",
+                    retry_after.as_secs().max(1)
+                ),
+            ),
             IdemError::TimedOut { limit } => (
                 types::TIMED_OUT,
                 "The operation timed out",

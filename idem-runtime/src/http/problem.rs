@@ -29,6 +29,10 @@ impl IntoResponse for Problem {
         response
             .headers_mut()
             .insert(header::CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
+        // A conflict says "run it again": the retry is told when.
+        if self.type_ == types::TRANSACTION_CONFLICT {
+            response = with_retry_after(response, std::time::Duration::from_secs(1));
+        }
         response
     }
 }

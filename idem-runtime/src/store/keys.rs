@@ -95,6 +95,13 @@ pub trait Keys: sqlx::Database + Sized {
         settings: Self::Settings,
     ) -> impl Future<Output = Result<Locked<Self>, sqlx::Error>> + Send + 'a;
 
+    /// Whether a claim reads the record before taking the key's lock, so a
+    /// repeat is answered by one read without a transaction. Default: yes;
+    /// Postgres behind a transaction pooler reads it under the lock only.
+    fn reads_before_lock(_settings: Self::Settings) -> bool {
+        true
+    }
+
     /// Whether a claim first tries [`Keys::lock_if_fresh`] (Postgres with
     /// advisory key locks), instead of reading the record before the lock.
     fn fresh_first(_settings: Self::Settings) -> bool {
@@ -194,6 +201,14 @@ pub trait Keys: sqlx::Database + Sized {
 
     /// Whether `error` means "the key's lock is held by another attempt".
     fn is_lock_busy(error: &sqlx::Error) -> bool;
+
+    /// Whether `error`, from [`Keys::commit_completed`], means the key's
+    /// record was committed meanwhile by another attempt, which this
+    /// transaction's snapshot did not show it (a unique violation on the
+    /// key under `REPEATABLE READ` or `SERIALIZABLE`). Default: never.
+    fn is_duplicate_record(_error: &sqlx::Error) -> bool {
+        false
+    }
 
     /// Runs `sql`, statements without parameters (the group commit's
     /// savepoints), on `conn`.

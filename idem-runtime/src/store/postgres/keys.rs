@@ -9,7 +9,7 @@ use sqlx::postgres::{PgArguments, PgRow};
 use sqlx::query::Query;
 use sqlx::{PgConnection, Pool, Postgres, Row, Transaction};
 
-use super::KeyLock;
+use super::{KeyLock, PgSettings, Pooler};
 use crate::operation::Operation;
 use crate::outcome::StoredResponse;
 use crate::policy::Policy;
@@ -257,7 +257,7 @@ const COMPLETE_CLAIM: &str =
      WHERE scope = $1 AND key = $2 AND claim_token = $3 AND status = 'in_progress'";
 
 impl Keys for Postgres {
-    type Settings = KeyLock;
+    type Settings = PgSettings;
     const SELECT_RECORD: &'static str = SELECT_RECORD;
 
     fn decode_record(row: &<Self as sqlx::Database>::Row) -> Result<Record, sqlx::Error> {
@@ -268,21 +268,27 @@ impl Keys for Postgres {
         conn: PoolConnection<Self>,
         op: &'a Operation,
         policy: &'a Policy,
-        key_lock: KeyLock,
+        settings: PgSettings,
     ) -> Result<Locked<Self>, sqlx::Error> {
+        let PgSettings { key_lock, pooler } = settings;
+        // Behind a transaction pooler the session is not the claim's: no
+        // statements prepared in it, and each of idem's statements unnamed,
+        // inside the transaction that holds the server connection.
+        let session = pooler == Pooler::Session;
         // sqlx's constructor for a transaction on a connection already taken
         // from the pool (public, hidden from its docs; what `Pool::begin`
         // calls); with advisory locks, opened after the fresh path's
         // statements are prepared, for the connection's next claims.
-        let begin = (key_lock == KeyLock::Advisory).then_some(PREPARE_THEN_BEGIN.into());
+        let begin = (key_lock == KeyLock::Advisory && session).then_some(PREPARE_THEN_BEGIN.into());
         let mut tx = Transaction::begin(conn, begin).await?;
         let wait_ms = i32::try_from(millis(policy.wait_timeout))
             .unwrap_or(i32::MAX)
             .max(1);
         if key_lock == KeyLock::Row {
-            return lock_row_and_read(tx, op, policy, wait_ms).await;
+            return lock_row_and_read(tx, op, policy, wait_ms, session).await;
         }
         let row = sqlx::query("SELECT * FROM idem_lock_and_read($1, $2, $3, $4)")
+            .persistent(session)
             .bind(op.lock_id())
             .bind(wait_ms)
             .bind(op.scope.as_stored())
@@ -297,8 +303,14 @@ impl Keys for Postgres {
         })
     }
 
-    fn fresh_first(key_lock: KeyLock) -> bool {
-        key_lock == KeyLock::Advisory
+    fn fresh_first(settings: PgSettings) -> bool {
+        settings.key_lock == KeyLock::Advisory && settings.pooler == Pooler::Session
+    }
+
+    fn reads_before_lock(settings: PgSettings) -> bool {
+        // An unlocked read is a statement outside any transaction, which a
+        // transaction pooler may split across server connections.
+        settings.pooler == Pooler::Session
     }
 
     async fn lock_if_fresh<'a>(
@@ -450,6 +462,14 @@ impl Keys for Postgres {
         matches!(error, sqlx::Error::Database(db) if db.code().as_deref() == Some("55P03"))
     }
 
+    fn is_duplicate_record(error: &sqlx::Error) -> bool {
+        // 23505 unique_violation on the key table's primary key: the only
+        // statement of the commit message that inserts is the record's.
+        matches!(error, sqlx::Error::Database(db)
+            if db.code().as_deref() == Some("23505")
+                && db.constraint() == Some("idempotency_keys_pkey"))
+    }
+
     record_writes!();
     key_administration!(columns: admin_columns(), now: "now()");
 }
@@ -491,13 +511,16 @@ async fn lock_row_and_read(
     op: &Operation,
     policy: &Policy,
     wait_ms: i32,
+    session: bool,
 ) -> Result<Locked<Postgres>, sqlx::Error> {
     let (previous, _): (String, String) = sqlx::query_as(BOUND_LOCK_WAIT)
+        .persistent(session)
         .bind(format!("{wait_ms}ms"))
         .fetch_one(&mut *tx)
         .await?;
     loop {
         let inserted = keyed(INSERT_CLAIM_ROW, op)
+            .persistent(session)
             .bind(op.step)
             .bind(&op.fingerprint.0[..])
             .bind(millis(policy.retention) as f64)
@@ -514,10 +537,15 @@ async fn lock_row_and_read(
         // The key has a committed record (the insert waited for its
         // writer): lock it, then lift the bound. A record purged in between
         // sends the claim back to the insert.
-        let Some(row) = keyed(LOCK_RECORD, op).fetch_optional(&mut *tx).await? else {
+        let Some(row) = keyed(LOCK_RECORD, op)
+            .persistent(session)
+            .fetch_optional(&mut *tx)
+            .await?
+        else {
             continue;
         };
         sqlx::query(RESTORE_LOCK_WAIT)
+            .persistent(session)
             .bind(&previous)
             .execute(&mut *tx)
             .await?;

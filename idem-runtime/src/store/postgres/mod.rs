@@ -91,11 +91,7 @@ pub async fn connect(
 
 /// The pool options [`connect`] uses, for callers that build their own pool.
 pub fn pool_options(policy: &Policy, max_connections: u32) -> PgPoolOptions {
-    PgPoolOptions::new()
-        .max_connections(max_connections)
-        .test_before_acquire(false)
-        .acquire_timeout(policy.wait_timeout.max(Duration::from_secs(5)))
-        .after_connect(|conn, _| Box::pin(prepare_claims(conn)))
+    pool_options_for(policy, max_connections, Pooler::Session)
 }
 
 /// Prepares, in `conn`'s session, the statements a fresh key's claim and its
@@ -192,17 +188,104 @@ pub enum KeyLock {
     Row,
 }
 
+/// What stands between the engine's pool and the Postgres server, and so
+/// what a claim may keep in the server's session.
+///
+/// sqlx 0.8 runs every statement with bound parameters as a named prepared
+/// statement (`sqlx_s_N`) cached per client connection, and prepares it in
+/// one exchange (`Parse`, `Describe`, `Sync`) and runs it in another
+/// (`Bind`, `Execute`, `Sync`). A pooler in transaction mode that does not
+/// track prepared statements (PgBouncer before 1.21, or 1.21 and later
+/// without `max_prepared_statements`) hands the server connection to
+/// another client between transactions, and outside a transaction between
+/// those two exchanges: a named statement then meets a server that lacks
+/// it, or one where another client prepared the same name.
+/// `statement_cache_capacity(0)` does not help: sqlx still names each
+/// statement, with a new name each time, and never closes it.
+///
+/// ```
+/// use idem_runtime::{store::postgres::Pooler, Engine};
+/// # async fn demo(pool: sqlx::PgPool) {
+/// let engine = Engine::new(pool).with_pooler(Pooler::Transaction);
+/// assert_eq!(engine.pooler(), Pooler::Transaction);
+/// # }
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Pooler {
+    /// Each pool connection is one server session for its whole life: a
+    /// direct connection, or PgBouncer in session mode. Connections prepare
+    /// the fresh claim's statements once ([`prepare_claims`]). The default.
+    #[default]
+    Session,
+    /// PgBouncer in transaction mode (or any pooler that may give each
+    /// transaction another server connection): claims keep nothing in the
+    /// session. No statement of idem's own is prepared (`PREPARE`,
+    /// `EXECUTE`), the fresh-first message is not sent, the record is read
+    /// under the key's lock inside the claim's transaction (a repeat costs
+    /// that transaction instead of one read), every statement of the claim
+    /// with bound parameters runs unnamed (`persistent(false)`) inside it,
+    /// and the completed record travels as literal SQL with the `COMMIT`.
+    /// Lock waits are bounded with `set_config(…, true)`, which ends with
+    /// the transaction. Build the pool with [`pool_options_for`].
+    Transaction,
+}
+
+/// The Postgres engine's own settings: its [`KeyLock`] and its [`Pooler`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PgSettings {
+    /// How claims hold their key.
+    pub key_lock: KeyLock,
+    /// What stands between the pool and the server.
+    pub pooler: Pooler,
+}
+
+/// [`pool_options`] for a pool behind `pooler`: with [`Pooler::Transaction`]
+/// the connections prepare nothing when they open (a prepared statement
+/// would stay on one server connection of the pooler's).
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), sqlx::Error> {
+/// use idem_runtime::{store::postgres::{self, Pooler}, Policy};
+/// let pool = postgres::pool_options_for(&Policy::default(), 8, Pooler::Transaction)
+///     .connect("postgres://127.0.0.1:6432/app")
+///     .await?;
+/// # Ok(()) }
+/// ```
+pub fn pool_options_for(policy: &Policy, max_connections: u32, pooler: Pooler) -> PgPoolOptions {
+    let options = PgPoolOptions::new()
+        .max_connections(max_connections)
+        .test_before_acquire(false)
+        .acquire_timeout(policy.wait_timeout.max(Duration::from_secs(5)));
+    match pooler {
+        Pooler::Session => options.after_connect(|conn, _| Box::pin(prepare_claims(conn))),
+        Pooler::Transaction => options,
+    }
+}
+
 impl crate::Engine<Postgres> {
     /// Sets how claims hold their key ([`KeyLock::Advisory`] by default; see
     /// [`KeyLock`] for when to choose [`KeyLock::Row`]).
     pub fn with_key_lock(mut self, key_lock: KeyLock) -> Self {
-        self.settings = key_lock;
+        self.settings.key_lock = key_lock;
         self
     }
 
     /// How claims hold their key.
     pub fn key_lock(&self) -> KeyLock {
-        self.settings
+        self.settings.key_lock
+    }
+
+    /// Sets what stands between the pool and the server ([`Pooler::Session`]
+    /// by default; [`Pooler::Transaction`] behind PgBouncer in transaction
+    /// mode).
+    pub fn with_pooler(mut self, pooler: Pooler) -> Self {
+        self.settings.pooler = pooler;
+        self
+    }
+
+    /// What stands between the pool and the server.
+    pub fn pooler(&self) -> Pooler {
+        self.settings.pooler
     }
 
     /// An engine on a Postgres URL with the default policy and a pool of 8 connections.
