@@ -244,9 +244,6 @@ async fn state_table<DB: TestBackend>(_store: impl AsyncFn(Policy) -> Harness<DB
     assert_eq!(health.status, 503);
 }
 
-/// A claim kept open for its lifetime.
-#[allow(dead_code)]
-
 async fn keys_and_bodies<DB: TestBackend>(_store: impl AsyncFn(Policy) -> Harness<DB>) {
     let db = DB::test_db().await;
     let svc = serve(
