@@ -1,7 +1,7 @@
 //! Random kills across the checkout flow, with traffic flowing.
 //!
 //! ```text
-//! cargo run --release --example chaos -- [--backend sqlite|postgres|both]
+//! cargo run --release --example chaos -- [--backend sqlite|postgres|mysql|all]
 //!     [--checkouts N] [--seconds N] [--clients N] [--seed N]
 //! ```
 //!
@@ -13,7 +13,10 @@
 //! file; on `postgres` each has its own database on one Postgres server (a
 //! throwaway cluster, or the server `IDEM_TEST_DATABASE_URL` names), and
 //! payments runs as two replicas on one database, which the order service
-//! calls in turn (each attempt of a charge goes to the next replica).
+//! calls in turn (each attempt of a charge goes to the next replica). On
+//! `mysql` the same, on one MariaDB/MySQL server (a throwaway server, or the
+//! one `IDEM_TEST_MYSQL_URL` names). `all` (the default) runs the three in
+//! turn.
 //!
 //! Concurrent clients (`--clients`, default 8) run `--checkouts` logical
 //! checkouts (default 1000, starting evenly spread over `--seconds`, default
@@ -60,7 +63,7 @@ use idem_client::{ClientError, RequestBuilderExt, ResponseExt, RetryPolicy};
 use notifications::NotificationLog;
 use orders::{OrderBook, Orders};
 use payments::Ledger;
-use sqlx::{Postgres, Sqlite};
+use sqlx::{MySql, Postgres, Sqlite};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, ChildStdout, Command};
 use tokio::sync::Mutex;
@@ -105,6 +108,13 @@ impl FlowBackend for Postgres {
     }
 }
 
+impl FlowBackend for MySql {
+    async fn connect(url: &str) -> Result<Engine<Self>, BoxError> {
+        let pool = idem::store::mysql::connect(url, &Policy::default(), 8).await?;
+        Ok(Engine::new(pool))
+    }
+}
+
 /// `chaos --role orders|payments|notifications --listen ADDR --store URL
 /// [--grpc-listen ADDR] [--payments URL,URL...] [--notifications URL]`: one
 /// service, until SIGTERM (a graceful stop) or until its stdin closes (the
@@ -125,6 +135,7 @@ async fn serve_role(args: &HashMap<String, String>) -> Result<(), BoxError> {
     let store = arg("store")?;
     let listener = tokio::net::TcpListener::bind(arg("listen")?).await?;
     let postgres = store.starts_with("postgres://");
+    let mysql = store.starts_with("mysql://");
     match arg("role")?.as_str() {
         "payments" => {
             let store = payments::Store::open(Some(&store)).await?;
@@ -132,8 +143,10 @@ async fn serve_role(args: &HashMap<String, String>) -> Result<(), BoxError> {
             serve_payments(listener, grpc, &store).await
         }
         "orders" if postgres => serve_orders::<Postgres>(listener, &store, args).await,
+        "orders" if mysql => serve_orders::<MySql>(listener, &store, args).await,
         "orders" => serve_orders::<Sqlite>(listener, &store, args).await,
         "notifications" if postgres => serve_notifications::<Postgres>(listener, &store).await,
+        "notifications" if mysql => serve_notifications::<MySql>(listener, &store).await,
         "notifications" => serve_notifications::<Sqlite>(listener, &store).await,
         other => Err(format!("unknown role {other:?}").into()),
     }
@@ -590,6 +603,17 @@ impl Stores {
             _dir: None,
         }
     }
+
+    async fn mysql() -> Self {
+        let server = idem_test_support::mysql();
+        Self {
+            orders: server.fresh_database().await,
+            payments: server.fresh_database().await,
+            notifications: server.fresh_database().await,
+            payments_replicas: 2,
+            _dir: None,
+        }
+    }
 }
 
 struct Options {
@@ -655,7 +679,11 @@ async fn run_backend<DB: FlowBackend>(
             .map(|s| s.name.as_str())
             .collect::<Vec<_>>()
             .join(", "),
-        if name == "sqlite" { "SQLite files" } else { "one Postgres server" },
+        match name {
+            "sqlite" => "SQLite files",
+            "postgres" => "one Postgres server",
+            _ => "one MySQL server",
+        },
         if replicas.len() > 1 { "payments replicas charged over gRPC in turn" } else { "one payments process, charged over gRPC" },
         options.checkouts,
         options.clients,
@@ -904,7 +932,7 @@ fn parse_args() -> Result<HashMap<String, String>, String> {
 }
 
 const USAGE: &str =
-    "usage: chaos [--backend sqlite|postgres|both] [--checkouts N] [--seconds N] [--clients N] [--seed N]";
+    "usage: chaos [--backend sqlite|postgres|mysql|all] [--checkouts N] [--seconds N] [--clients N] [--seed N]";
 
 #[tokio::main]
 async fn main() -> ExitCode {
@@ -948,9 +976,10 @@ async fn coordinate(args: &HashMap<String, String>) -> Result<bool, BoxError> {
         seed: number("seed", fastrand::u64(..))?,
     };
     let backends: &[&str] = match args.get("backend").map(String::as_str) {
-        None | Some("both") => &["sqlite", "postgres"],
+        None | Some("all") => &["sqlite", "postgres", "mysql"],
         Some("sqlite") => &["sqlite"],
         Some("postgres") => &["postgres"],
+        Some("mysql") => &["mysql"],
         Some(other) => return Err(format!("unknown backend {other:?}\n{USAGE}").into()),
     };
     println!("seed {}", options.seed);
@@ -958,7 +987,10 @@ async fn coordinate(args: &HashMap<String, String>) -> Result<bool, BoxError> {
     for backend in backends {
         let report = match *backend {
             "sqlite" => run_backend::<Sqlite>(backend, Stores::sqlite()?, &options).await?,
-            _ => run_backend::<Postgres>(backend, Stores::postgres().await, &options).await?,
+            "postgres" => {
+                run_backend::<Postgres>(backend, Stores::postgres().await, &options).await?
+            }
+            _ => run_backend::<MySql>(backend, Stores::mysql().await, &options).await?,
         };
         println!(
             "{backend}: {report}  [{}]",

@@ -6,7 +6,7 @@ use idem_runtime::migrations::{self, TABLE};
 use idem_runtime::{Engine, Policy};
 use idem_test_support::{on_each_store, Harness, TestBackend};
 use sqlx::migrate::{MigrateError, Migrator};
-use sqlx::{Pool, Postgres, Sqlite};
+use sqlx::{MySql, Pool, Postgres, Sqlite};
 
 /// The application's migrations (`tests/app_migrations/`), embedded the way
 /// an application embeds its own.
@@ -45,9 +45,10 @@ macro_rules! app_backend {
 }
 app_backend!(Sqlite);
 app_backend!(Postgres);
+app_backend!(MySql);
 
 on_each_store! {
-    stores: sqlite, postgres;
+    stores: sqlite, postgres, mysql;
     #[tokio::test]
     app_migrations_first_then_idem,
     #[tokio::test]

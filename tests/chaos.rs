@@ -83,3 +83,8 @@ fn chaos_on_sqlite_loses_and_duplicates_nothing() {
 fn chaos_on_postgres_with_two_payments_replicas_loses_and_duplicates_nothing() {
     bounded_run("postgres", 2);
 }
+
+#[test]
+fn chaos_on_mysql_with_two_payments_replicas_loses_and_duplicates_nothing() {
+    bounded_run("mysql", 2);
+}

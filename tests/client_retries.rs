@@ -70,14 +70,7 @@ impl Service {
 
     /// Runs `sql` on the service's own store.
     async fn execute(&self, sql: &'static str) {
-        match &self.store {
-            Store::Sqlite(engine) => {
-                sqlx::query(sql).execute(engine.pool()).await.expect(sql);
-            }
-            Store::Postgres(engine) => {
-                sqlx::query(sql).execute(engine.pool()).await.expect(sql);
-            }
-        }
+        self.store.execute(sql).await.expect(sql);
     }
 }
 
@@ -214,40 +207,27 @@ async fn hold_claim<DB: Backend>(
     }
 }
 
-enum Held {
-    Sqlite(ClaimGuard<sqlx::Sqlite>),
-    Postgres(ClaimGuard<sqlx::Postgres>),
+/// Holds a claim on `key` in the service's own store, as a first attempt
+/// still running would.
+async fn hold<DB: Backend>(
+    svc: &Service,
+    key: &IdempotencyKey,
+    request: &Value,
+    lock_ttl: Duration,
+) -> ClaimGuard<DB> {
+    let engine = svc.store.engine::<DB>().expect("the store's backend");
+    hold_claim(engine, "acme", key, request, lock_ttl).await
 }
 
-impl Held {
-    async fn hold(
-        svc: &Service,
-        key: &IdempotencyKey,
-        request: &Value,
-        lock_ttl: Duration,
-    ) -> Self {
-        match &svc.store {
-            Store::Sqlite(e) => Held::Sqlite(hold_claim(e, "acme", key, request, lock_ttl).await),
-            Store::Postgres(e) => {
-                Held::Postgres(hold_claim(e, "acme", key, request, lock_ttl).await)
-            }
-        }
-    }
-
-    /// The first attempt finishes: its answer is stored and committed.
-    async fn finish(self, answer: &Value) {
-        let stored = idem::StoredResponse {
-            status: 201,
-            content_type: "application/json".into(),
-            body: serde_json::to_vec(answer).unwrap(),
-            headers: Vec::new(),
-        };
-        match self {
-            Held::Sqlite(g) => g.commit(stored).await,
-            Held::Postgres(g) => g.commit(stored).await,
-        }
-        .expect("commit the held claim");
-    }
+/// The first attempt finishes: its answer is stored and committed.
+async fn finish<DB: Backend>(held: ClaimGuard<DB>, answer: &Value) {
+    let stored = idem::StoredResponse {
+        status: 201,
+        content_type: "application/json".into(),
+        body: serde_json::to_vec(answer).unwrap(),
+        headers: Vec::new(),
+    };
+    held.commit(stored).await.expect("commit the held claim");
 }
 
 /// The service committed, the answer was lost on the way back; the retry
@@ -296,7 +276,7 @@ async fn in_progress_then_replay<DB: TestBackend>(_store: impl AsyncFn(Policy) -
     let db = DB::test_db().await;
     let svc = serve(&db).await;
     let key = IdempotencyKey::random();
-    let held = Held::hold(&svc, &key, &body(700), Duration::from_secs(2)).await;
+    let held = hold::<DB>(&svc, &key, &body(700), Duration::from_secs(2)).await;
     let http =
         client(RetryPolicy::default().backoff(Duration::from_millis(5), Duration::from_millis(20)));
 
@@ -310,7 +290,7 @@ async fn in_progress_then_replay<DB: TestBackend>(_store: impl AsyncFn(Policy) -
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let stored = json!({"payment_id": "pay_first_attempt", "amount_cents": 700, "currency": "EUR", "destination": "acct_42"});
-    held.finish(&stored).await;
+    finish(held, &stored).await;
 
     let response = call.await.unwrap().expect("an answer");
     let waited = started.elapsed();
@@ -389,7 +369,7 @@ async fn deadline_is_respected<DB: TestBackend>(_store: impl AsyncFn(Policy) -> 
     let db = DB::test_db().await;
     let svc = serve(&db).await;
     let key = IdempotencyKey::random();
-    let _held = Held::hold(&svc, &key, &body(300), Duration::from_secs(30)).await;
+    let _held = hold::<DB>(&svc, &key, &body(300), Duration::from_secs(30)).await;
     let http = client(
         RetryPolicy::default()
             .deadline(Duration::from_millis(1500))
@@ -544,7 +524,7 @@ async fn pending_payment_example_charges_each_intent_once() {
 }
 
 on_each_store! {
-    stores: sqlite, postgres;
+    stores: sqlite, postgres, mysql;
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     lost_answer_then_replay,
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,5 +1,6 @@
 //! The guide's test plan and every row of the state table, run against a real
-//! SQLite file and a real Postgres server, there with each kind of key lock.
+//! SQLite file and a real Postgres server, there with each kind of key lock,
+//! and a real MariaDB server (the MySQL backend).
 //! Each case counts rows in a business table to assert exactly how many side
 //! effects happened.
 
@@ -16,7 +17,7 @@ use idem_runtime::{
 use idem_test_support::{operation, Harness, TestBackend};
 
 idem_test_support::on_each_store! {
-    stores: sqlite, postgres, postgres_row_lock;
+    stores: sqlite, postgres, postgres_row_lock, mysql;
     #[tokio::test]
     first_attempt_executes_and_retries_replay,
     #[tokio::test]
@@ -648,6 +649,9 @@ async fn purge_batches_cross_records_that_expire_together<DB: TestBackend>(
     // older than the others.
     let tie = if DB::MODULE == "postgres" {
         "UPDATE idempotency_keys SET expires_at = now() - interval '1 hour' WHERE key LIKE 'old-1%'"
+    } else if DB::MODULE == "mysql" {
+        // `key` is a reserved word in MySQL.
+        "UPDATE idempotency_keys SET expires_at = 1000 WHERE `key` LIKE 'old-1%'"
     } else {
         "UPDATE idempotency_keys SET expires_at = 1000 WHERE key LIKE 'old-1%'"
     };

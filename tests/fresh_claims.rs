@@ -244,7 +244,7 @@ async fn the_cache_honours_the_records_expiry<DB: TestBackend>(
 }
 
 on_each_store! {
-    stores: sqlite, postgres, postgres_row_lock;
+    stores: sqlite, postgres, postgres_row_lock, mysql;
     #[tokio::test]
     keys_that_need_quoting_are_claimed_intact,
     #[tokio::test]

@@ -761,7 +761,7 @@ async fn fingerprint_of_the_encoding<DB: TestBackend + Ledger>(
 }
 
 on_each_store! {
-    stores: sqlite, postgres;
+    stores: sqlite, postgres, mysql;
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     fingerprint_of_the_encoding,
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -203,7 +203,7 @@ async fn client_retries_through_a_restart<DB: TestBackend + Ledger>(
 }
 
 on_each_store! {
-    stores: sqlite, postgres;
+    stores: sqlite, postgres, mysql;
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     client_retries_through_a_restart,
 }

@@ -83,11 +83,10 @@ impl Service {
     /// the `response_headers` column existed have none.
     async fn forget_response_headers(&self) {
         const SQL: &str = "UPDATE idempotency_keys SET response_headers = NULL";
-        let cleared = match &self.store {
-            Store::Sqlite(engine) => sqlx::query(SQL).execute(engine.pool()).await.map(|_| ()),
-            Store::Postgres(engine) => sqlx::query(SQL).execute(engine.pool()).await.map(|_| ()),
-        };
-        cleared.expect("clear response_headers");
+        self.store
+            .execute(SQL)
+            .await
+            .expect("clear response_headers");
     }
 
     async fn list(&self, tenant: &str) -> Reply {
@@ -206,14 +205,8 @@ async fn state_table<DB: TestBackend>(_store: impl AsyncFn(Policy) -> Harness<DB
     assert_eq!(svc.count("acme").await, 1);
 
     // in progress, same fingerprint, live lock → 409 + Retry-After; different fingerprint → 422.
-    let guard = match &svc.store {
-        Store::Sqlite(engine) => {
-            Held::Sqlite(hold_claim(engine, "acme", "k-busy", &body(700)).await)
-        }
-        Store::Postgres(engine) => {
-            Held::Postgres(hold_claim(engine, "acme", "k-busy", &body(700)).await)
-        }
-    };
+    let engine = svc.store.engine::<DB>().expect("the store's backend");
+    let guard = hold_claim(engine, "acme", "k-busy", &body(700)).await;
     let busy = svc.pay("acme", "k-busy", &body(700)).await;
     assert_problem(&busy, 409);
     assert!(retry_after(&busy) >= 1);
@@ -239,10 +232,7 @@ async fn state_table<DB: TestBackend>(_store: impl AsyncFn(Policy) -> Harness<DB
         .await
         .unwrap();
     assert_eq!(health.status, 200);
-    match &svc.store {
-        Store::Sqlite(engine) => engine.pool().close().await,
-        Store::Postgres(engine) => engine.pool().close().await,
-    }
+    svc.store.close().await;
     let down = svc.pay("acme", "k-down", &body(100)).await;
     assert_problem(&down, 503);
     assert!(retry_after(&down) >= 1);
@@ -252,13 +242,6 @@ async fn state_table<DB: TestBackend>(_store: impl AsyncFn(Policy) -> Harness<DB
         .await
         .unwrap();
     assert_eq!(health.status, 503);
-}
-
-/// A claim kept open for its lifetime.
-#[allow(dead_code)]
-enum Held {
-    Sqlite(ClaimGuard<sqlx::Sqlite>),
-    Postgres(ClaimGuard<sqlx::Postgres>),
 }
 
 async fn keys_and_bodies<DB: TestBackend>(_store: impl AsyncFn(Policy) -> Harness<DB>) {
@@ -505,11 +488,11 @@ async fn refuses_to_start_with_undeclared_live_steps<DB: TestBackend>(
         &request,
     );
     let refunded = || Ok::<_, idem::Problem>("refunded".to_owned());
-    match &store {
-        Store::Sqlite(engine) => engine.run(&op, async |_| refunded()).await.map(drop),
-        Store::Postgres(engine) => engine.run(&op, async |_| refunded()).await.map(drop),
-    }
-    .expect("a key under the old step");
+    let engine = store.engine::<DB>().expect("the store's backend");
+    engine
+        .run(&op, async |_| refunded())
+        .await
+        .expect("a key under the old step");
     drop(store);
 
     let output = Command::new(example_binary("payments"))
@@ -633,7 +616,7 @@ async fn openapi_document<DB: TestBackend>(_store: impl AsyncFn(Policy) -> Harne
 }
 
 on_each_store! {
-    stores: sqlite, postgres;
+    stores: sqlite, postgres, mysql;
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     state_table,
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -14,7 +14,7 @@ use axum::Router;
 use idem::http::{HeaderScope, Json, PathScope, PrincipalScope, ScopePathParam, XTenantId};
 use idem::{idempotent, Backend, Engine, Fingerprint, IdempotencyKey, Policy, ScopePart};
 use idem_test_support::{on_each_store, Harness, TestBackend};
-use sqlx::{Postgres, Sqlite};
+use sqlx::{MySql, Postgres, Sqlite};
 
 idem::steps! {
     const PLACE_ORDER = "place-order.v1";
@@ -47,22 +47,13 @@ impl ScopePart for Caller {
 /// One handler for both backends: the business write goes through the
 /// claim's connection, whatever the database.
 #[idempotent(http, scope = "tenant", step = PLACE_ORDER)]
-async fn by_header<DB: Backend>(
+async fn by_header<DB: TestBackend>(
     tx: &mut DB::Connection,
     tenant: HeaderScope<XTenantId>,
     key: IdempotencyKey,
     #[fingerprint] Json(order): Json<NewOrder>,
-) -> Result<(StatusCode, String), StatusCode>
-where
-    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
-    for<'q> <DB as sqlx::Database>::Arguments<'q>: sqlx::IntoArguments<'q, DB>,
-    for<'q> String: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
-    for<'q> i64: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
-{
-    sqlx::query("INSERT INTO payments (tenant, amount) VALUES ($1, $2)")
-        .bind(tenant.to_string())
-        .bind(order.amount)
-        .execute(&mut *tx)
+) -> Result<(StatusCode, String), StatusCode> {
+    DB::insert_payment(tx, &tenant.to_string(), order.amount)
         .await
         .map_err(|_| StatusCode::SERVICE_UNAVAILABLE)?;
     Ok((StatusCode::CREATED, format!("{tenant}:{}", order.amount)))
@@ -132,9 +123,10 @@ macro_rules! routes {
 }
 routes!(Sqlite);
 routes!(Postgres);
+routes!(MySql);
 
 on_each_store! {
-    stores: sqlite, postgres;
+    stores: sqlite, postgres, mysql;
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     scopes_over_sockets,
 }

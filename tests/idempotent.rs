@@ -63,7 +63,7 @@ fn key(text: &str) -> IdempotencyKey {
 }
 
 idem_test_support::on_each_store! {
-    stores: sqlite, postgres;
+    stores: sqlite, postgres, mysql;
     #[tokio::test]
     executes_once_then_replays,
     #[tokio::test]

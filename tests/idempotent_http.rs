@@ -79,7 +79,7 @@ async fn send(app: &Router, key: Option<&str>, body: &str) -> Reply {
 }
 
 idem_test_support::on_each_store! {
-    stores: sqlite, postgres;
+    stores: sqlite, postgres, mysql;
     #[tokio::test]
     executes_once_replays_refuses_a_changed_body_and_a_missing_key,
     #[tokio::test]

@@ -240,7 +240,7 @@ where
 }
 
 on_each_store! {
-    stores: sqlite, postgres;
+    stores: sqlite, postgres, mysql;
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     outbox_through_webhooks_into_the_inbox,
 }

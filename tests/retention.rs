@@ -55,7 +55,7 @@ async fn purges_on_schedule_and_shuts_down<DB: TestBackend>(
 }
 
 on_each_store! {
-    stores: sqlite, postgres;
+    stores: sqlite, postgres, mysql;
     #[tokio::test]
     purges_on_schedule_and_shuts_down,
 }

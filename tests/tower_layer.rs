@@ -358,7 +358,7 @@ async fn grpc_state_table<DB: TestBackend>(harness: impl AsyncFn(Policy) -> Harn
 }
 
 on_each_store! {
-    stores: sqlite, postgres;
+    stores: sqlite, postgres, mysql;
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     http_state_table,
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -20,7 +20,7 @@ use idem::signature::SigningSecret;
 use idem::Backend;
 use idem::{Engine, Problem};
 use serde_json::json;
-use sqlx::{PgConnection, Pool, Postgres, Sqlite, SqliteConnection};
+use sqlx::{MySql, MySqlConnection, PgConnection, Pool, Postgres, Sqlite, SqliteConnection};
 
 idem::steps! {
     /// A notification recorded by the notifications service's inbox.
@@ -45,8 +45,9 @@ pub trait NotificationLog: Backend {
     fn all(pool: &Pool<Self>) -> impl Future<Output = sqlx::Result<Vec<(String, String)>>> + Send;
 }
 
+/// One implementation per backend, with its dialect's insert.
 macro_rules! notification_log {
-    ($db:ty, $connection:ty) => {
+    ($db:ty, $connection:ty, $insert:literal) => {
         impl NotificationLog for $db {
             async fn create_table(pool: &Pool<Self>) -> sqlx::Result<()> {
                 sqlx::query("CREATE TABLE IF NOT EXISTS notifications (message_id TEXT NOT NULL, order_id TEXT NOT NULL)")
@@ -56,7 +57,7 @@ macro_rules! notification_log {
             }
 
             async fn insert(conn: &mut $connection, message_id: &str, order_id: &str) -> sqlx::Result<()> {
-                sqlx::query("INSERT INTO notifications (message_id, order_id) VALUES ($1, $2)")
+                sqlx::query($insert)
                     .bind(message_id)
                     .bind(order_id)
                     .execute(conn)
@@ -73,8 +74,21 @@ macro_rules! notification_log {
     };
 }
 
-notification_log!(Sqlite, SqliteConnection);
-notification_log!(Postgres, PgConnection);
+notification_log!(
+    Sqlite,
+    SqliteConnection,
+    "INSERT INTO notifications (message_id, order_id) VALUES ($1, $2)"
+);
+notification_log!(
+    Postgres,
+    PgConnection,
+    "INSERT INTO notifications (message_id, order_id) VALUES ($1, $2)"
+);
+notification_log!(
+    MySql,
+    MySqlConnection,
+    "INSERT INTO notifications (message_id, order_id) VALUES (?, ?)"
+);
 
 /// Migrates the notifications service's store, validates the step registry
 /// against it, creates the `notifications` table, and returns the service's

@@ -25,7 +25,7 @@ use idem_client::grpc::{self, IdempotentRetryLayer};
 use idem_client::RetryPolicy;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
-use sqlx::{PgConnection, Pool, Postgres, Sqlite, SqliteConnection};
+use sqlx::{MySql, MySqlConnection, PgConnection, Pool, Postgres, Sqlite, SqliteConnection};
 use tonic::body::Body;
 use tonic::codegen::http;
 use tonic::transport::{Channel, Endpoint};
@@ -164,16 +164,12 @@ pub trait OrderBook: Backend {
     fn all(pool: &Pool<Self>) -> impl Future<Output = sqlx::Result<Vec<(String, String)>>> + Send;
 }
 
+/// One implementation per backend: the table and the insert in its dialect.
 macro_rules! order_book {
-    ($db:ty, $connection:ty) => {
+    ($db:ty, $connection:ty, $create:expr, $insert:expr) => {
         impl OrderBook for $db {
             async fn create_table(pool: &Pool<Self>) -> sqlx::Result<()> {
-                sqlx::query(
-                    "CREATE TABLE IF NOT EXISTS orders (order_id TEXT PRIMARY KEY, payment_id TEXT NOT NULL, amount_cents BIGINT NOT NULL)",
-                )
-                .execute(pool)
-                .await
-                .map(drop)
+                sqlx::query($create).execute(pool).await.map(drop)
             }
 
             async fn record_order(
@@ -181,15 +177,13 @@ macro_rules! order_book {
                 order: &Order,
                 notification: &Message,
             ) -> Result<(), String> {
-                sqlx::query(
-                    "INSERT INTO orders (order_id, payment_id, amount_cents) VALUES ($1, $2, $3)",
-                )
-                .bind(&order.order_id)
-                .bind(&order.payment_id)
-                .bind(order.amount_cents)
-                .execute(&mut *conn)
-                .await
-                .map_err(|error| format!("the order could not be recorded ({error})"))?;
+                sqlx::query($insert)
+                    .bind(&order.order_id)
+                    .bind(&order.payment_id)
+                    .bind(order.amount_cents)
+                    .execute(&mut *conn)
+                    .await
+                    .map_err(|error| format!("the order could not be recorded ({error})"))?;
                 outbox::enqueue(conn, notification)
                     .await
                     .map(drop)
@@ -205,8 +199,25 @@ macro_rules! order_book {
     };
 }
 
-order_book!(Sqlite, SqliteConnection);
-order_book!(Postgres, PgConnection);
+const CREATE_ORDERS: &str = "CREATE TABLE IF NOT EXISTS orders (order_id TEXT PRIMARY KEY, payment_id TEXT NOT NULL, amount_cents BIGINT NOT NULL)";
+order_book!(
+    Sqlite,
+    SqliteConnection,
+    CREATE_ORDERS,
+    "INSERT INTO orders (order_id, payment_id, amount_cents) VALUES ($1, $2, $3)"
+);
+order_book!(
+    Postgres,
+    PgConnection,
+    CREATE_ORDERS,
+    "INSERT INTO orders (order_id, payment_id, amount_cents) VALUES ($1, $2, $3)"
+);
+order_book!(
+    MySql,
+    MySqlConnection,
+    "CREATE TABLE IF NOT EXISTS orders (order_id VARCHAR(255) PRIMARY KEY, payment_id TEXT NOT NULL, amount_cents BIGINT NOT NULL)",
+    "INSERT INTO orders (order_id, payment_id, amount_cents) VALUES (?, ?, ?)"
+);
 
 /// Migrates the order service's store, validates the step registry against
 /// it and creates the `orders` table.

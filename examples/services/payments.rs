@@ -4,6 +4,7 @@
 //! demo (which runs it in-process) and the HTTP tests.
 #![allow(dead_code)]
 
+use std::any::Any;
 use std::future::Future;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -17,7 +18,7 @@ use idem::Policy;
 use idem::Problem;
 use idem::{idempotent, Backend, Engine, Fingerprint, IdempotencyKey};
 use serde::{Deserialize, Serialize};
-use sqlx::{Pool, Postgres, Sqlite};
+use sqlx::{MySql, Pool, Postgres, Sqlite};
 
 use fault::FaultPoint;
 
@@ -113,72 +114,110 @@ pub trait Ledger: Backend {
     fn ping(pool: &Pool<Self>) -> impl Future<Output = sqlx::Result<()>> + Send;
 }
 
-const CREATE_TABLE: &str = "CREATE TABLE IF NOT EXISTS payments (
-    payment_id   TEXT PRIMARY KEY,
-    tenant_id    TEXT NOT NULL,
-    amount_cents BIGINT NOT NULL,
-    currency     TEXT NOT NULL,
-    destination  TEXT NOT NULL,
-    created_at   BIGINT NOT NULL
-)";
+/// The ledger's SQL in one backend's dialect.
+struct LedgerSql {
+    create_table: &'static str,
+    insert: &'static str,
+    find: &'static str,
+    list: &'static str,
+}
 
-/// The same SQL runs on both backends (`$n` placeholders work on SQLite too).
+/// SQLite and Postgres: `$n` placeholders work on both.
+const DOLLAR_SQL: LedgerSql = LedgerSql {
+    create_table: "CREATE TABLE IF NOT EXISTS payments (
+        payment_id   TEXT PRIMARY KEY,
+        tenant_id    TEXT NOT NULL,
+        amount_cents BIGINT NOT NULL,
+        currency     TEXT NOT NULL,
+        destination  TEXT NOT NULL,
+        created_at   BIGINT NOT NULL
+    )",
+    insert: "INSERT INTO payments (payment_id, tenant_id, amount_cents, currency, destination, created_at)
+             VALUES ($1, $2, $3, $4, $5, $6)",
+    find: "SELECT payment_id, amount_cents, currency, destination FROM payments
+           WHERE tenant_id = $1 AND payment_id = $2",
+    list: "SELECT payment_id, amount_cents, currency, destination FROM payments
+           WHERE tenant_id = $1 ORDER BY created_at, payment_id",
+};
+
+/// MySQL: `?` placeholders, and a key column of bounded length.
+const MYSQL_SQL: LedgerSql = LedgerSql {
+    create_table: "CREATE TABLE IF NOT EXISTS payments (
+        payment_id   VARCHAR(255) PRIMARY KEY,
+        tenant_id    VARCHAR(255) NOT NULL,
+        amount_cents BIGINT NOT NULL,
+        currency     VARCHAR(16) NOT NULL,
+        destination  TEXT NOT NULL,
+        created_at   BIGINT NOT NULL
+    )",
+    insert: "INSERT INTO payments (payment_id, tenant_id, amount_cents, currency, destination, created_at)
+             VALUES (?, ?, ?, ?, ?, ?)",
+    find: "SELECT payment_id, amount_cents, currency, destination FROM payments
+           WHERE tenant_id = ? AND payment_id = ?",
+    list: "SELECT payment_id, amount_cents, currency, destination FROM payments
+           WHERE tenant_id = ? ORDER BY created_at, payment_id",
+};
+
+/// One implementation per backend, each with its dialect's [`LedgerSql`].
 macro_rules! ledger {
-    ($db:ty) => {
+    ($db:ty, $sql:expr) => {
         impl Ledger for $db {
             async fn create_table(pool: &Pool<Self>) -> sqlx::Result<()> {
-                sqlx::query(CREATE_TABLE).execute(pool).await.map(drop)
+                sqlx::query($sql.create_table).execute(pool).await.map(drop)
             }
 
-            async fn insert(conn: &mut Self::Connection, tenant: &str, payment: &Payment) -> sqlx::Result<()> {
-                sqlx::query(
-                    "INSERT INTO payments (payment_id, tenant_id, amount_cents, currency, destination, created_at)
-                     VALUES ($1, $2, $3, $4, $5, $6)",
-                )
-                .bind(&payment.payment_id)
-                .bind(tenant)
-                .bind(payment.amount_cents)
-                .bind(&payment.currency)
-                .bind(&payment.destination)
-                .bind(now_millis())
-                .execute(conn)
-                .await
-                .map(drop)
+            async fn insert(
+                conn: &mut Self::Connection,
+                tenant: &str,
+                payment: &Payment,
+            ) -> sqlx::Result<()> {
+                sqlx::query($sql.insert)
+                    .bind(&payment.payment_id)
+                    .bind(tenant)
+                    .bind(payment.amount_cents)
+                    .bind(&payment.currency)
+                    .bind(&payment.destination)
+                    .bind(now_millis())
+                    .execute(conn)
+                    .await
+                    .map(drop)
             }
 
-            async fn find(conn: &mut Self::Connection, tenant: &str, payment_id: &str) -> sqlx::Result<Option<Payment>> {
-                let row: Option<(String, i64, String, String)> = sqlx::query_as(
-                    "SELECT payment_id, amount_cents, currency, destination FROM payments
-                     WHERE tenant_id = $1 AND payment_id = $2",
-                )
-                .bind(tenant)
-                .bind(payment_id)
-                .fetch_optional(conn)
-                .await?;
-                Ok(row.map(|(payment_id, amount_cents, currency, destination)| Payment {
-                    payment_id,
-                    amount_cents,
-                    currency,
-                    destination,
-                }))
-            }
-
-            async fn list(pool: &Pool<Self>, tenant: &str) -> sqlx::Result<Vec<Payment>> {
-                let rows: Vec<(String, i64, String, String)> = sqlx::query_as(
-                    "SELECT payment_id, amount_cents, currency, destination FROM payments
-                     WHERE tenant_id = $1 ORDER BY created_at, payment_id",
-                )
-                .bind(tenant)
-                .fetch_all(pool)
-                .await?;
-                Ok(rows
-                    .into_iter()
-                    .map(|(payment_id, amount_cents, currency, destination)| Payment {
+            async fn find(
+                conn: &mut Self::Connection,
+                tenant: &str,
+                payment_id: &str,
+            ) -> sqlx::Result<Option<Payment>> {
+                let row: Option<(String, i64, String, String)> = sqlx::query_as($sql.find)
+                    .bind(tenant)
+                    .bind(payment_id)
+                    .fetch_optional(conn)
+                    .await?;
+                Ok(row.map(
+                    |(payment_id, amount_cents, currency, destination)| Payment {
                         payment_id,
                         amount_cents,
                         currency,
                         destination,
-                    })
+                    },
+                ))
+            }
+
+            async fn list(pool: &Pool<Self>, tenant: &str) -> sqlx::Result<Vec<Payment>> {
+                let rows: Vec<(String, i64, String, String)> = sqlx::query_as($sql.list)
+                    .bind(tenant)
+                    .fetch_all(pool)
+                    .await?;
+                Ok(rows
+                    .into_iter()
+                    .map(
+                        |(payment_id, amount_cents, currency, destination)| Payment {
+                            payment_id,
+                            amount_cents,
+                            currency,
+                            destination,
+                        },
+                    )
                     .collect())
             }
 
@@ -189,20 +228,24 @@ macro_rules! ledger {
     };
 }
 
-ledger!(Sqlite);
-ledger!(Postgres);
+ledger!(Sqlite, DOLLAR_SQL);
+ledger!(Postgres, DOLLAR_SQL);
+ledger!(MySql, MYSQL_SQL);
 
-/// The store behind a payments service: a SQLite file or a Postgres database.
+/// The store behind a payments service: a SQLite file, a Postgres or a MySQL
+/// database.
 #[derive(Debug, Clone)]
 pub enum Store {
     /// The embedded default.
     Sqlite(Engine<Sqlite>),
     /// Chosen by a `postgres://` URL.
     Postgres(Engine<Postgres>),
+    /// Chosen by a `mysql://` or `mariadb://` URL.
+    MySql(Engine<MySql>),
 }
 
 impl Store {
-    /// Opens the store named by `url` (`postgres://...`, `sqlite:...`, a file
+    /// Opens the store named by `url` (`postgres://...`, `mysql://...`, `sqlite:...`, a file
     /// path, or `None` for [`DEFAULT_SQLITE_FILE`]), runs idem's migrations,
     /// creates the `payments` table and validates the step registry against
     /// the store (every problem listed in the error).
@@ -220,6 +263,10 @@ impl Store {
             Some(url) if url.starts_with("postgres://") || url.starts_with("postgresql://") => {
                 let pool = idem::store::postgres::connect(url, &policy, POOL).await?;
                 Store::Postgres(Engine::new(pool).with_policy(policy))
+            }
+            Some(url) if url.starts_with("mysql://") || url.starts_with("mariadb://") => {
+                let pool = idem::store::mysql::connect(url, &policy, POOL).await?;
+                Store::MySql(Engine::new(pool).with_policy(policy))
             }
             url => {
                 let url = url.unwrap_or(DEFAULT_SQLITE_FILE);
@@ -242,6 +289,11 @@ impl Store {
                 Postgres::create_table(engine.pool()).await?;
                 idem::registry::validate(engine).await?;
             }
+            Store::MySql(engine) => {
+                engine.migrate().await?;
+                MySql::create_table(engine.pool()).await?;
+                idem::registry::validate(engine).await?;
+            }
         }
         Ok(store)
     }
@@ -251,6 +303,36 @@ impl Store {
         match self {
             Store::Sqlite(_) => "sqlite",
             Store::Postgres(_) => "postgres",
+            Store::MySql(_) => "mysql",
+        }
+    }
+
+    /// The store's engine as an `Engine<DB>`, for code generic over the
+    /// backend; `None` when the store is on another backend.
+    pub fn engine<DB: Backend>(&self) -> Option<&Engine<DB>> {
+        let engine: &dyn Any = match self {
+            Store::Sqlite(engine) => engine,
+            Store::Postgres(engine) => engine,
+            Store::MySql(engine) => engine,
+        };
+        engine.downcast_ref()
+    }
+
+    /// Runs one statement without parameters on the store.
+    pub async fn execute(&self, sql: &str) -> sqlx::Result<()> {
+        match self {
+            Store::Sqlite(engine) => sqlx::query(sql).execute(engine.pool()).await.map(drop),
+            Store::Postgres(engine) => sqlx::query(sql).execute(engine.pool()).await.map(drop),
+            Store::MySql(engine) => sqlx::query(sql).execute(engine.pool()).await.map(drop),
+        }
+    }
+
+    /// Closes the store's pool: every later request finds the store down.
+    pub async fn close(&self) {
+        match self {
+            Store::Sqlite(engine) => engine.pool().close().await,
+            Store::Postgres(engine) => engine.pool().close().await,
+            Store::MySql(engine) => engine.pool().close().await,
         }
     }
 
@@ -259,6 +341,7 @@ impl Store {
         match self {
             Store::Sqlite(engine) => router(engine.clone(), config),
             Store::Postgres(engine) => router(engine.clone(), config),
+            Store::MySql(engine) => router(engine.clone(), config),
         }
     }
 }

@@ -50,6 +50,9 @@ pub fn routes(store: &Store) -> tonic::service::Routes {
         Store::Postgres(engine) => {
             tonic::service::Routes::new(GrpcPayments::new(engine.clone()).into_server())
         }
+        Store::MySql(engine) => {
+            tonic::service::Routes::new(GrpcPayments::new(engine.clone()).into_server())
+        }
     }
 }
 

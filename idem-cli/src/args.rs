@@ -9,7 +9,7 @@ use crate::store::{OpenMode, Store, StoreSpec};
 
 #[derive(Debug, Args)]
 pub(crate) struct StoreArg {
-    /// The store: a postgres:// URL, a sqlite: URL or a SQLite file path.
+    /// The store: a postgres:// or mysql:// URL, a sqlite: URL or a SQLite file path.
     #[arg(long, value_name = "URL", env = "IDEM_STORE")]
     pub(crate) store: StoreSpec,
 }

@@ -11,7 +11,7 @@ use crate::{exit, inspect, keys, migrate, queues, steps};
 #[command(
     name = "idem",
     version,
-    about = "Inspect, clean and migrate idem's idempotency key stores (SQLite files, postgres:// URLs).",
+    about = "Inspect, clean and migrate idem's idempotency key stores (SQLite files, postgres:// and mysql:// URLs).",
     after_help = "Exit codes: 0 ok; 1 found something (in progress or missing records, pending \
                   migrations, live keys of undeclared steps, dead or blocked outbox messages, \
                   poisoned inbox messages, nothing to requeue or skip); 2 usage; 3 store \

@@ -19,6 +19,7 @@
 //! ```
 //!
 //! A store is `NAME=URL` or just a URL: `postgres://…` (or `postgresql://…`),
+//! `mysql://…` (or `mariadb://…`),
 //! `sqlite:…`, or a SQLite file path. `--json` prints JSON for scripts;
 //! keys are printed as `#` and their log tag (the first 12 hex digits of
 //! their SHA-256, as idem's logs show them) unless `--show-keys` is given.

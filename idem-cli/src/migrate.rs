@@ -10,7 +10,7 @@ use crate::store::{OpenMode, Store, StoreSpec};
 
 #[derive(Debug, Args)]
 pub(crate) struct MigrateArgs {
-    /// The store: a postgres:// URL, a sqlite: URL or a SQLite file path.
+    /// The store: a postgres:// or mysql:// URL, a sqlite: URL or a SQLite file path.
     #[arg(
         long,
         value_name = "URL",
@@ -32,6 +32,7 @@ pub(crate) struct MigrateArgs {
 enum SqlBackend {
     Sqlite,
     Postgres,
+    Mysql,
 }
 
 /// Runs `idem migrate`; exit status [`FOUND`] when `--check` finds pending migrations.
@@ -42,6 +43,7 @@ pub(crate) async fn run(json_out: bool, args: &MigrateArgs) -> Result<u8, Failur
             match backend {
                 SqlBackend::Sqlite => idem_runtime::migrations::sql::<sqlx::Sqlite>(),
                 SqlBackend::Postgres => idem_runtime::migrations::sql::<sqlx::Postgres>(),
+                SqlBackend::Mysql => idem_runtime::migrations::sql::<sqlx::MySql>(),
             }
         );
         return Ok(OK);

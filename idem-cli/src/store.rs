@@ -1,4 +1,4 @@
-//! One idem store, SQLite or Postgres, opened from what the operator typed,
+//! One idem store, SQLite, Postgres or MySQL, opened from what the operator typed,
 //! and what the commands read and change there, through the runtime's
 //! administration functions.
 
@@ -11,7 +11,7 @@ use idem_runtime::migrations::{self, PendingMigration};
 use idem_runtime::outbox::{self, Backlog, MessageState, OutboxEntry};
 use idem_runtime::{Engine, Policy};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
-use sqlx::{PgPool, SqlitePool};
+use sqlx::{MySqlPool, PgPool, SqlitePool};
 
 /// Why a store could not be used.
 #[derive(Debug, thiserror::Error)]
@@ -56,7 +56,8 @@ pub enum StoreError {
     },
 }
 
-/// Where a store lives: a `postgres://` URL, a `sqlite:` URL or a file path.
+/// Where a store lives: a `postgres://` or `mysql://` URL, a `sqlite:` URL
+/// or a file path.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StoreSpec {
     /// The name shown in output: what came before `=`, or the file's stem /
@@ -73,7 +74,9 @@ impl FromStr for StoreSpec {
     /// `=` inside a URL's query string is never taken for a name.
     fn from_str(text: &str) -> Result<Self, String> {
         if text.is_empty() {
-            return Err("a store is NAME=URL, a postgres:// URL or a SQLite file path".into());
+            return Err(
+                "a store is NAME=URL, a postgres:// or mysql:// URL or a SQLite file path".into(),
+            );
         }
         if let Some((name, location)) = text.split_once('=') {
             if !name.is_empty()
@@ -113,6 +116,10 @@ impl StoreSpec {
         self.location.starts_with("postgres://") || self.location.starts_with("postgresql://")
     }
 
+    fn is_mysql(&self) -> bool {
+        self.location.starts_with("mysql://") || self.location.starts_with("mariadb://")
+    }
+
     /// A location with any password replaced, for messages.
     pub fn redacted(&self) -> String {
         match (self.location.find("://"), self.location.find('@')) {
@@ -138,6 +145,8 @@ pub enum Store {
     Sqlite(SqlitePool),
     /// A Postgres database.
     Postgres(PgPool),
+    /// A MySQL (or MariaDB) database.
+    MySql(MySqlPool),
 }
 
 /// How a store is opened.
@@ -157,6 +166,7 @@ macro_rules! on_pool {
         match $store {
             Store::Sqlite($pool) => $body,
             Store::Postgres($pool) => $body,
+            Store::MySql($pool) => $body,
         }
     };
 }
@@ -169,6 +179,10 @@ impl Store {
             idem_runtime::store::postgres::connect(&spec.location, &policy, 2)
                 .await
                 .map(Store::Postgres)
+        } else if spec.is_mysql() {
+            idem_runtime::store::mysql::connect(&spec.location, &policy, 2)
+                .await
+                .map(Store::MySql)
         } else {
             let options = if spec.location.starts_with("sqlite:") {
                 SqliteConnectOptions::from_str(&spec.location)
@@ -197,11 +211,12 @@ impl Store {
         })
     }
 
-    /// `true` for Postgres.
+    /// The backend's name: `sqlite`, `postgres` or `mysql`.
     pub fn backend(&self) -> &'static str {
         match self {
             Store::Sqlite(_) => "sqlite",
             Store::Postgres(_) => "postgres",
+            Store::MySql(_) => "mysql",
         }
     }
 
@@ -281,6 +296,14 @@ impl Store {
                     .fetch_one(pool)
                     .await
             }
+            Store::MySql(pool) => sqlx::query_scalar::<_, i64>(
+                "SELECT COUNT(*) FROM information_schema.tables
+                 WHERE table_schema = DATABASE() AND table_name = ?",
+            )
+            .bind(table)
+            .fetch_one(pool)
+            .await
+            .map(|n| n > 0),
         }
         .map_err(Self::query_error(name))
     }

@@ -113,7 +113,7 @@ fn json(out: &Output) -> serde_json::Value {
 }
 
 on_each_store! {
-    stores: sqlite, postgres;
+    stores: sqlite, postgres, mysql;
     #[tokio::test]
     migrate_reports_pending_then_applies,
     #[tokio::test]

@@ -6,7 +6,7 @@
 use std::future::Future;
 
 use idem_runtime::{Backend, Policy};
-use sqlx::{Pool, Postgres, Sqlite};
+use sqlx::{MySql, Pool, Postgres, Sqlite};
 
 use crate::TestDb;
 
@@ -50,6 +50,15 @@ pub trait TestBackend: Backend {
 
 macro_rules! impl_test_backend {
     ($db:ty, $module:literal, $test_db:expr, $pool:expr) => {
+        impl_test_backend!(
+            $db,
+            $module,
+            $test_db,
+            $pool,
+            "INSERT INTO payments (tenant, amount) VALUES ($1, $2)"
+        );
+    };
+    ($db:ty, $module:literal, $test_db:expr, $pool:expr, $insert_payment:literal) => {
         impl TestBackend for $db {
             const MODULE: &'static str = $module;
             async fn test_db() -> TestDb {
@@ -64,7 +73,7 @@ macro_rules! impl_test_backend {
                 tenant: &'c str,
                 amount: i64,
             ) -> Result<(), sqlx::Error> {
-                sqlx::query("INSERT INTO payments (tenant, amount) VALUES ($1, $2)")
+                sqlx::query($insert_payment)
                     .bind(tenant)
                     .bind(amount)
                     .execute(conn)
@@ -123,4 +132,19 @@ impl_test_backend!(
                 .expect("connect postgres")
         }
     }
+);
+impl_test_backend!(
+    MySql,
+    "mysql",
+    TestDb::mysql().await,
+    |url: &str, policy: &Policy, connections: u32| {
+        let url = url.to_owned();
+        let policy = *policy;
+        async move {
+            idem_runtime::store::mysql::connect(&url, &policy, connections)
+                .await
+                .expect("connect mysql")
+        }
+    },
+    "INSERT INTO payments (tenant, amount) VALUES (?, ?)"
 );

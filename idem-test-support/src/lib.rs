@@ -2,8 +2,9 @@
 //! benchmark; not published.
 //!
 //! - [`on_each_store!`] runs a generic test body once per store: a SQLite
-//!   file, a database on the throwaway Postgres server, and that server with
-//!   the row lock as the key lock.
+//!   file, a database on the throwaway Postgres server, that server with
+//!   the row lock as the key lock, and a database on the throwaway MariaDB
+//!   server ([`mysql()`], [`MySqlServer`]).
 //! - [`Harness`] is what a body gets: an [`Engine`](idem_runtime::Engine) on
 //!   a fresh, migrated store with a `payments` business table.
 //! - [`TestDb`] is a fresh store alone; [`postgres()`] the process-wide
@@ -29,22 +30,24 @@
 mod backend;
 mod captured;
 mod harness;
+mod mysql_server;
 mod pgbouncer_server;
 mod postgres_server;
+mod process;
 mod store;
 pub mod stores;
 
 pub use backend::TestBackend;
 pub use captured::Captured;
 pub use harness::{charge, child_entry, operation, Harness, BATCH_CHILD_CHARGES};
+pub use mysql_server::{mysql, MySqlServer};
 pub use pgbouncer_server::{PgBouncer, PoolMode};
-pub use postgres_server::{
-    free_port, is_root, postgres, postgres_tool, run, PgServer, FAST_SETTINGS,
-};
+pub use postgres_server::{postgres, postgres_tool, PgServer, FAST_SETTINGS};
+pub use process::{free_port, is_root, run};
 pub use store::{example_binary, sqlite_file, TestDb};
 
 /// Emits, for each listed store (a harness constructor in [`stores`]:
-/// `sqlite`, `postgres`, `postgres_row_lock`), a module of that name with one
+/// `sqlite`, `postgres`, `postgres_row_lock`, `mysql`), a module of that name with one
 /// test per listed body, which calls the generic body with the constructor,
 /// plus the ignored `child_process_entry` that [`Harness::run_child`] starts.
 ///

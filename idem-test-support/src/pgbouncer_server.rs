@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::postgres_server::{free_port, is_root, run};
+use crate::process::{free_port, is_root, run};
 use crate::PgServer;
 
 /// PgBouncer's `pool_mode`.

@@ -12,6 +12,7 @@ use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::OnceLock;
 
+use crate::process::{free_port, is_root, run};
 use sqlx::{Connection, Executor, PgConnection};
 
 /// Settings for a test cluster: fast, not durable (tests kill clients, not the server).
@@ -293,25 +294,6 @@ fn find_bin_dir() -> Option<PathBuf> {
     candidates.pop()
 }
 
-/// Whether the tests run as root: then the servers run as the `postgres`
-/// user, since neither Postgres nor PgBouncer runs as root.
-pub fn is_root() -> bool {
-    Command::new("id")
-        .arg("-u")
-        .output()
-        .map(|out| String::from_utf8_lossy(&out.stdout).trim() == "0")
-        .unwrap_or(false)
-}
-
-/// A free TCP port on 127.0.0.1 (free when asked: bind it soon).
-pub fn free_port() -> Result<u16, String> {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| format!("bind: {e}"))?;
-    listener
-        .local_addr()
-        .map(|a| a.port())
-        .map_err(|e| format!("local_addr: {e}"))
-}
-
 /// A command running the system's Postgres tool `tool` (`pg_ctl`,
 /// `pg_basebackup`, …) from the installation the harness uses, as the
 /// `postgres` user when the tests run as root.
@@ -334,24 +316,6 @@ fn as_postgres(exe: PathBuf, as_root: bool) -> Command {
         cmd
     } else {
         Command::new(exe)
-    }
-}
-
-/// Runs `cmd` to its end; `Err` with its output unless it succeeded.
-pub fn run(cmd: &mut Command, what: &str) -> Result<(), String> {
-    let out = cmd
-        .stdin(Stdio::null())
-        .output()
-        .map_err(|e| format!("{what}: {e}"))?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(format!(
-            "{what} failed ({}): {}{}",
-            out.status,
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        ))
     }
 }
 

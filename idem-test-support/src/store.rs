@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use crate::postgres;
+use crate::{mysql, postgres};
 
 /// The binary of the workspace example `name`, built by `cargo test` next to
 /// the calling test binary (tests run from `target/<profile>/deps`, examples
@@ -78,7 +78,16 @@ impl TestDb {
         }
     }
 
-    /// The store's URL: `sqlite://<path>` or `postgres://…/<database>`.
+    /// A new, empty database on the test MySQL server ([`mysql()`](crate::mysql())).
+    pub async fn mysql() -> Self {
+        Self {
+            url: mysql().fresh_database().await,
+            _dir: None,
+        }
+    }
+
+    /// The store's URL: `sqlite://<path>`, `postgres://…/<database>` or
+    /// `mysql://…/<database>`.
     pub fn url(&self) -> &str {
         &self.url
     }

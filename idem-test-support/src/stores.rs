@@ -2,7 +2,7 @@
 //! a harness constructor named like the test module it gets.
 
 use idem_runtime::{KeyLock, Policy};
-use sqlx::{Postgres, Sqlite};
+use sqlx::{MySql, Postgres, Sqlite};
 
 use crate::Harness;
 
@@ -22,4 +22,10 @@ pub async fn postgres_row_lock(policy: Policy) -> Harness<Postgres> {
     let h = postgres(policy).await;
     let engine = h.engine.clone().with_key_lock(KeyLock::Row);
     h.with_engine(engine)
+}
+
+/// A harness on a fresh database of the test MySQL (MariaDB) server
+/// ([`mysql()`](crate::mysql())).
+pub async fn mysql(policy: Policy) -> Harness<MySql> {
+    Harness::new(policy).await
 }

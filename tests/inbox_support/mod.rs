@@ -2,7 +2,7 @@
 //! `tenant` column holds the message id).
 #![allow(dead_code)]
 
-use sqlx::{Pool, Postgres, Sqlite};
+use sqlx::{MySql, Pool, Postgres, Sqlite};
 
 /// Effects per logical operation.
 pub trait Effects: sqlx::Database {
@@ -16,6 +16,16 @@ pub trait Effects: sqlx::Database {
 impl Effects for Sqlite {
     async fn effects<'a>(pool: &'a Pool<Self>, id: &'a str) -> i64 {
         sqlx::query_scalar("SELECT COUNT(*) FROM payments WHERE tenant = ?1")
+            .bind(id)
+            .fetch_one(pool)
+            .await
+            .expect("count effects")
+    }
+}
+
+impl Effects for MySql {
+    async fn effects<'a>(pool: &'a Pool<Self>, id: &'a str) -> i64 {
+        sqlx::query_scalar("SELECT COUNT(*) FROM payments WHERE tenant = ?")
             .bind(id)
             .fetch_one(pool)
             .await

@@ -29,6 +29,9 @@ pub struct Dialect {
     /// prepares the claims' statements, which a connection opened before
     /// them could not).
     pub(crate) after: Option<&'static str>,
+    /// Whether the backend's placeholders are `?` (MySQL) rather than `$n`:
+    /// the shared statements below are rewritten for it.
+    pub(crate) question_marks: bool,
 }
 
 /// One of idem's migrations a database has not applied.
@@ -98,6 +101,27 @@ where
         .map(|row| Ok((row.try_get(0)?, row.try_get(1)?, row.try_get(2)?)))
         .collect::<Result<_, sqlx::Error>>()
         .map_err(MigrateError::from)
+}
+
+/// `sql`, whose parameters are `$1`, `$2`... in the order they are bound, in
+/// the backend's placeholder style.
+fn placeholders<DB: Schema>(sql: String) -> String {
+    if !DB::MIGRATION_DIALECT.question_marks {
+        return sql;
+    }
+    let mut out = String::with_capacity(sql.len());
+    let mut chars = sql.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c == '$' && chars.peek().is_some_and(char::is_ascii_digit) {
+            while chars.peek().is_some_and(char::is_ascii_digit) {
+                chars.next();
+            }
+            out.push('?');
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }
 
 /// Whether `(version, checksum)` is one of idem's migrations, exactly.
@@ -232,18 +256,26 @@ where
     }
     let mut tx = Connection::begin(&mut *conn).await?;
     for version in ours {
-        sqlx::query(&format!(
-            "INSERT INTO {TABLE} (version, description, installed_on, success, checksum, execution_time) \
-             SELECT version, description, installed_on, success, checksum, execution_time \
-             FROM {SQLX_TABLE} WHERE version = $1 ON CONFLICT (version) DO NOTHING"
-        ))
+        let adopt = if DB::MIGRATION_DIALECT.question_marks {
+            format!(
+                "INSERT IGNORE INTO {TABLE} (version, description, installed_on, success, checksum, execution_time) \
+                 SELECT version, description, installed_on, success, checksum, execution_time \
+                 FROM {SQLX_TABLE} WHERE version = ?"
+            )
+        } else {
+            format!(
+                "INSERT INTO {TABLE} (version, description, installed_on, success, checksum, execution_time) \
+                 SELECT version, description, installed_on, success, checksum, execution_time \
+                 FROM {SQLX_TABLE} WHERE version = $1 ON CONFLICT (version) DO NOTHING"
+            )
+        };
+        sqlx::query(&adopt).bind(version).execute(&mut *tx).await?;
+        sqlx::query(&placeholders::<DB>(format!(
+            "DELETE FROM {SQLX_TABLE} WHERE version = $1"
+        )))
         .bind(version)
         .execute(&mut *tx)
         .await?;
-        sqlx::query(&format!("DELETE FROM {SQLX_TABLE} WHERE version = $1"))
-            .bind(version)
-            .execute(&mut *tx)
-            .await?;
         tracing::info!(
             version,
             "moved idem's migration record from {SQLX_TABLE} to {TABLE}"
@@ -272,10 +304,10 @@ where
         .map_err(|error| MigrateError::ExecuteMigration(error, migration.version))?;
     let description: &str = &migration.description;
     let checksum: &[u8] = &migration.checksum;
-    sqlx::query(&format!(
+    sqlx::query(&placeholders::<DB>(format!(
         "INSERT INTO {TABLE} (version, description, success, checksum, execution_time) \
          VALUES ($1, $2, TRUE, $3, $4)"
-    ))
+    )))
     .bind(migration.version)
     .bind(description)
     .bind(checksum)

@@ -144,6 +144,7 @@ impl Schema for Postgres {
             "SELECT pg_advisory_unlock(7594877498727753063)",
         )),
         after: Some(PREPARE_CLAIMS),
+        question_marks: false,
     };
 
     async fn run_migrations(pool: &Pool<Self>) -> Result<(), sqlx::migrate::MigrateError> {

@@ -105,6 +105,7 @@ impl Schema for Sqlite {
         count_tables: "SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = $1",
         lock: None,
         after: None,
+        question_marks: false,
     };
 
     async fn run_migrations(pool: &Pool<Self>) -> Result<(), sqlx::migrate::MigrateError> {
