@@ -14,6 +14,14 @@
 //! - Asynchronous replication: a commit not yet streamed is lost with the
 //!   primary, the key record with the business write (one transaction),
 //!   so the key's retry runs it again: counted, never doubled in the data.
+//!
+//! Each charge also enqueues a notification (id `child_key(key, step)`),
+//! which a relay on the same engine delivers over signed webhooks to a
+//! receiver with an inbox in a store of its own (a server that does not
+//! fail over). A message delivered from the old primary and enqueued again
+//! by a re-run, or left unsent by a lost mark-sent, reaches the receiver
+//! again with the same id and is answered from its inbox's record: every
+//! message's effect runs once at the receiver, in both runs.
 
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
@@ -21,9 +29,19 @@ use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use idem::outbox::{self, Backoff, Message, Relay, WebhookSink};
+use idem::signature::SigningSecret;
 use idem::{Engine, IdemError, IdempotencyKey, Operation, Policy, Problem, Scope, Via};
-use idem_test_support::{free_port, is_root, postgres_tool as pg, run, PgServer};
+use idem_test_support::{free_port, is_root, postgres, postgres_tool as pg, run, PgServer};
 use sqlx::{PgPool, Postgres};
+
+idem::steps! {
+    const CHARGE = "charge.v1";
+    const NOTIFY = "notify-payment.v1";
+    const RECORD = "record-payment.v1";
+}
+
+const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
 
 const KEYS: usize = 240;
 const CLIENTS: usize = 8;
@@ -172,16 +190,20 @@ struct Tally {
 
 /// A charge's answer: the payment id and how it came, or the work's own
 /// 503 (its statement met the lost connection; rolled back, not stored).
+/// The work also enqueues the payment's notification to `hook`.
 async fn charge(
     engine: &Engine<Postgres>,
     key: &str,
+    hook: &str,
 ) -> Result<Result<(i64, Via), Problem>, IdemError> {
-    let op = Operation::new(
-        Scope::tenant("acme"),
-        IdempotencyKey::new(key).unwrap(),
-        "charge.v1",
-        &10i64,
-    );
+    let scope = Scope::tenant("acme");
+    let parent = IdempotencyKey::new(key).unwrap();
+    let message = Message::webhook(hook)
+        .json(&serde_json::json!({ "payment": key }))
+        .unwrap()
+        .for_step(&parent, NOTIFY)
+        .scope(&scope);
+    let op = Operation::new(scope, parent, CHARGE.name(), &10i64);
     let key = key.to_owned();
     engine
         .run(&op, async |tx| {
@@ -189,16 +211,76 @@ async fn charge(
                 .bind(&key)
                 .fetch_one(&mut *tx)
                 .await?;
+            outbox::enqueue(&mut *tx, &message).await?;
             Ok::<_, Problem>(id)
         })
         .await
         .map(|answer| answer.value.map(|id| (id, answer.via)))
 }
 
+/// What the receiver saw: deliveries, and those answered from its inbox's
+/// record (`Idempotent-Replayed: true`).
+#[derive(Default)]
+struct Seen {
+    deliveries: AtomicU64,
+    answered_from_record: AtomicU64,
+}
+
+/// The receiver: a webhook endpoint whose inbox (consumer `payments`) runs
+/// each message's effect, one `effects` row, in a fresh database of the
+/// harness's server. Returns its URL, its pool and what it saw.
+async fn receiver() -> (String, PgPool, Arc<Seen>) {
+    use axum::body::Bytes;
+    use axum::extract::State;
+    use axum::http::HeaderMap;
+    use idem::inbox::webhook::WebhookReceiver;
+
+    let url = postgres().fresh_database().await;
+    let pool = PgPool::connect(&url).await.unwrap();
+    let engine = Engine::<Postgres>::new(pool.clone());
+    engine.migrate().await.unwrap();
+    sqlx::raw_sql("CREATE TABLE effects (message_id text NOT NULL)")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let inbox = idem::inbox::Inbox::new(engine, "payments", RECORD.name()).unwrap();
+    let webhooks = WebhookReceiver::new(inbox, SigningSecret::new(SECRET).unwrap());
+    let seen = Arc::new(Seen::default());
+    type Shared = (Arc<WebhookReceiver<Postgres>>, Arc<Seen>);
+    async fn hook(
+        State((webhooks, seen)): State<Shared>,
+        headers: HeaderMap,
+        body: Bytes,
+    ) -> axum::response::Response {
+        let response = webhooks
+            .receive(&headers, &body, async |tx, message| {
+                sqlx::query("INSERT INTO effects VALUES ($1)")
+                    .bind(&message.id)
+                    .execute(&mut *tx)
+                    .await?;
+                Ok::<_, Problem>(serde_json::json!({ "recorded": message.id }))
+            })
+            .await;
+        seen.deliveries.fetch_add(1, Ordering::SeqCst);
+        if response.headers().get("idempotent-replayed").is_some() {
+            seen.answered_from_record.fetch_add(1, Ordering::SeqCst);
+        }
+        response
+    }
+    let app = axum::Router::new()
+        .route("/hooks/payments", axum::routing::post(hook))
+        .with_state((Arc::new(webhooks), seen.clone()));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let hook_url = format!("http://{}/hooks/payments", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    (hook_url, pool, seen)
+}
+
 /// One retrying client: each of its keys until a 2xx, honouring the 503's
 /// and the 409's `Retry-After` (shortened), within a bound.
 async fn client(
     engine: Engine<Postgres>,
+    hook: String,
     keys: Vec<usize>,
     tally: Arc<Tally>,
     killed: Arc<AtomicBool>,
@@ -210,7 +292,7 @@ async fn client(
                 started.elapsed() < Duration::from_secs(60),
                 "key {k}: no answer in 60 s"
             );
-            match charge(&engine, &format!("k-{k}")).await {
+            match charge(&engine, &format!("k-{k}"), &hook).await {
                 Ok(Err(problem)) => {
                     assert_eq!(problem.status, 503, "key {k}: {problem:?}");
                     tally.unavailable.fetch_add(1, Ordering::SeqCst);
@@ -244,6 +326,12 @@ struct Figures {
     reexecuted: usize,
     unavailable: u64,
     in_progress: u64,
+    /// Deliveries the receiver got, and those it answered from its
+    /// inbox's record (a message it had already run).
+    deliveries: u64,
+    answered_from_record: u64,
+    /// Messages whose effect ran more than once at the receiver.
+    receiver_duplicates: i64,
 }
 
 async fn failover(synchronous: bool) -> Figures {
@@ -307,6 +395,20 @@ async fn failover(synchronous: bool) -> Figures {
         .await
         .unwrap();
     let engine = Engine::new(pool).with_policy(policy);
+    let (hook, effects, seen) = receiver().await;
+    let relay = Relay::new(&engine)
+        .sink(WebhookSink::new(SigningSecret::new(SECRET).unwrap()))
+        .lease(Duration::from_secs(2))
+        .publish_timeout(Duration::from_secs(1))
+        .poll_interval(Duration::from_millis(50))
+        .backoff(Backoff {
+            base: Duration::from_millis(100),
+            cap: Duration::from_millis(500),
+        })
+        .batch(16)
+        .spawn()
+        .await
+        .unwrap();
 
     let tally = Arc::new(Tally {
         first: Mutex::new(vec![None; KEYS]),
@@ -316,7 +418,13 @@ async fn failover(synchronous: bool) -> Figures {
     let clients: Vec<_> = (0..CLIENTS)
         .map(|c| {
             let keys = (c..KEYS).step_by(CLIENTS).collect();
-            tokio::spawn(client(engine.clone(), keys, tally.clone(), killed.clone()))
+            tokio::spawn(client(
+                engine.clone(),
+                hook.clone(),
+                keys,
+                tally.clone(),
+                killed.clone(),
+            ))
         })
         .collect();
     let standby_pool = PgPool::connect(&format!(
@@ -376,7 +484,7 @@ async fn failover(synchronous: bool) -> Figures {
     for (k, answer) in first.iter().enumerate() {
         let (id, before) = answer.expect("every key answered");
         let (again, via) = loop {
-            match charge(&engine, &format!("k-{k}")).await {
+            match charge(&engine, &format!("k-{k}"), &hook).await {
                 Ok(Ok(answer)) => break answer,
                 Ok(Err(problem)) => panic!("key {k} after the failover: {problem:?}"),
                 // A pool connection still on its way out is a 503 as well.
@@ -402,6 +510,31 @@ async fn failover(synchronous: bool) -> Figures {
     ))
     .await
     .unwrap();
+    // The relay delivers what the promoted server holds: at most 20 s.
+    let started = Instant::now();
+    while outbox::backlog(&promoted).await.unwrap().pending > 0 {
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "the relay did not drain the outbox after the failover"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let relayed = relay.shutdown().await;
+    assert_eq!(relayed.dead, 0, "{relayed:?}");
+    // Every payment's notification reached the receiver, and its effect ran once.
+    let (distinct, receiver_duplicates): (i64, i64) = sqlx::query_as(
+        "SELECT count(*), count(*) FILTER (WHERE n > 1) \
+         FROM (SELECT message_id, count(*) AS n FROM effects GROUP BY message_id) e",
+    )
+    .fetch_one(&effects)
+    .await
+    .unwrap();
+    assert_eq!(distinct, KEYS as i64);
+    let sent: i64 = sqlx::query_scalar("SELECT count(*) FROM idem_outbox WHERE state = 'sent'")
+        .fetch_one(&promoted)
+        .await
+        .unwrap();
+    assert_eq!(sent, KEYS as i64);
     let doubled: i64 = sqlx::query_scalar(
         "SELECT count(*) FROM (SELECT key FROM payments GROUP BY key HAVING count(*) > 1) d",
     )
@@ -429,15 +562,22 @@ async fn failover(synchronous: bool) -> Figures {
         reexecuted,
         unavailable: tally.unavailable.load(Ordering::SeqCst),
         in_progress: tally.in_progress.load(Ordering::SeqCst),
+        deliveries: seen.deliveries.load(Ordering::SeqCst),
+        answered_from_record: seen.answered_from_record.load(Ordering::SeqCst),
+        receiver_duplicates,
     };
     eprintln!(
-        "{} replication: {KEYS} keys, {} answered before the kill, answers lost {}, re-executions {}, 503s {}, 409s {}",
+        "{} replication: {KEYS} keys, {} answered before the kill, answers lost {}, re-executions {}, 503s {}, 409s {}; \
+         receiver: {} deliveries, {} answered from its inbox's record, {} duplicate effects",
         if synchronous { "synchronous" } else { "asynchronous" },
         figures.answered_before_kill,
         figures.lost,
         figures.reexecuted,
         figures.unavailable,
         figures.in_progress,
+        figures.deliveries,
+        figures.answered_from_record,
+        figures.receiver_duplicates,
     );
     figures
 }
@@ -449,6 +589,7 @@ async fn synchronous_replication_failover_loses_nothing() {
     assert!(figures.unavailable > 0, "no claim met the missing primary");
     assert_eq!(figures.lost, 0);
     assert_eq!(figures.reexecuted, 0);
+    assert_eq!(figures.receiver_duplicates, 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -464,4 +605,17 @@ async fn asynchronous_replication_failover_reruns_only_what_was_lost() {
         "nothing was lost: the WAL receiver was not held"
     );
     assert_eq!(figures.reexecuted, figures.lost);
+    // What left the building from the old primary and came again after it
+    // (re-enqueued with the same id by a re-run, or left pending by a lost
+    // mark-sent) was answered from the receiver's record: no effect twice.
+    assert_eq!(figures.receiver_duplicates, 0);
+    assert!(
+        figures.answered_from_record > 0,
+        "no message reached the receiver twice: the failover lost no delivered one"
+    );
+    assert_eq!(
+        figures.deliveries,
+        KEYS as u64 + figures.answered_from_record,
+        "every delivery beyond the first per message was answered from the record"
+    );
 }
