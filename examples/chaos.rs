@@ -3,7 +3,18 @@
 //! ```text
 //! cargo run --release --example chaos -- [--backend sqlite|postgres|mysql|all]
 //!     [--checkouts N] [--seconds N] [--clients N] [--seed N]
+//! cargo run --release --example chaos -- --failover [--keys N] [--clients N]
 //! ```
+//!
+//! With `--failover`, instead: a Postgres primary failover under load, once
+//! with synchronous and once with asynchronous replication (the scenario of
+//! `tests/failover.rs`, at `--keys` keys, default 2000, and `--clients`
+//! clients, default 8; the primary is killed once three eighths of the keys
+//! are answered). It prints each run's figures (answers lost, re-executions,
+//! 503s, the receiver's deliveries, those answered from its inbox's record,
+//! effects run twice) and exits non-zero if an effect ran twice at the
+//! receiver, a synchronous run lost an answer, or an asynchronous run
+//! re-executed a key whose answer was not lost.
 //!
 //! The checkout demo's services run as separate processes (this program,
 //! re-executed with `--role`): the order service with its outbox relay, the
@@ -40,6 +51,8 @@
 //! not zero. Every service process is killed when the run ends, and exits on
 //! its own if this program dies (its stdin closes).
 
+#[path = "../tests/failover_scenario/mod.rs"]
+mod failover_scenario;
 #[path = "services/notifications.rs"]
 mod notifications;
 #[path = "services/orders.rs"]
@@ -925,6 +938,10 @@ fn parse_args() -> Result<HashMap<String, String>, String> {
         let Some(name) = flag.strip_prefix("--") else {
             return Err(format!("unexpected argument {flag:?}"));
         };
+        if name == "failover" {
+            args.insert(name.to_owned(), String::new());
+            continue;
+        }
         let value = iter.next().ok_or(format!("{flag} needs a value"))?;
         args.insert(name.to_owned(), value);
     }
@@ -932,7 +949,8 @@ fn parse_args() -> Result<HashMap<String, String>, String> {
 }
 
 const USAGE: &str =
-    "usage: chaos [--backend sqlite|postgres|mysql|all] [--checkouts N] [--seconds N] [--clients N] [--seed N]";
+    "usage: chaos [--backend sqlite|postgres|mysql|all] [--checkouts N] [--seconds N] [--clients N] [--seed N]
+       chaos --failover [--keys N] [--clients N]";
 
 #[tokio::main]
 async fn main() -> ExitCode {
@@ -952,6 +970,16 @@ async fn main() -> ExitCode {
             }
         };
     }
+    if args.contains_key("failover") {
+        return match failover_runs(&args).await {
+            Ok(true) => ExitCode::SUCCESS,
+            Ok(false) => ExitCode::FAILURE,
+            Err(error) => {
+                eprintln!("chaos --failover: {error}");
+                ExitCode::from(2)
+            }
+        };
+    }
     match coordinate(&args).await {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::FAILURE,
@@ -960,6 +988,44 @@ async fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// `--failover`: the synchronous and the asynchronous run; whether every
+/// figure that must be zero was.
+async fn failover_runs(args: &HashMap<String, String>) -> Result<bool, BoxError> {
+    let number = |name: &str, default: usize| -> Result<usize, BoxError> {
+        match args.get(name) {
+            Some(value) => Ok(value.parse().map_err(|e| format!("--{name}: {e}"))?),
+            None => Ok(default),
+        }
+    };
+    let keys = number("keys", 2000)?.max(8);
+    let plan = failover_scenario::Plan {
+        keys,
+        clients: number("clients", 8)?.max(1),
+        kill_after: (keys * 3 / 8) as u64,
+    };
+    let mut good = true;
+    for synchronous in [true, false] {
+        let started = Instant::now();
+        // The scenario prints its figures' line itself.
+        let figures = failover_scenario::failover(synchronous, plan).await;
+        println!(
+            "  ({} replication, {} keys, {} clients: {:.1} s)",
+            if synchronous {
+                "synchronous"
+            } else {
+                "asynchronous"
+            },
+            plan.keys,
+            plan.clients,
+            started.elapsed().as_secs_f64()
+        );
+        good &= figures.receiver_duplicates == 0
+            && figures.reexecuted == figures.lost
+            && (!synchronous || figures.lost == 0);
+    }
+    Ok(good)
 }
 
 async fn coordinate(args: &HashMap<String, String>) -> Result<bool, BoxError> {

@@ -1,12 +1,13 @@
 //! Postgres behind a real PgBouncer (the system's `pgbouncer`, 1.18), as
-//! production runs it. In transaction mode, with the engine set to
+//! production runs it. In transaction mode, with the engines set to
 //! `Pooler::Transaction`: concurrent duplicates run once, a crashed claim is
-//! taken over, a completed key replays and a reused key is refused, the
-//! outbox's relays (`FOR UPDATE SKIP LOCKED` leases, polling, no
-//! `LISTEN`) deliver each message once to an inbox that records it once,
-//! and the purge deletes expired records; every claim leaves the server's
-//! log free of `ERROR` lines. In session mode the default settings (the
-//! statements prepared per connection) do the same.
+//! taken over, a completed key replays and a reused key is refused; two
+//! relays (`FOR UPDATE SKIP LOCKED` leases, polling, `listen` ignored)
+//! deliver each message over signed webhooks to an inbox that runs its
+//! effect once and answers a redelivery from its record; durable claims, a
+//! response over 64 KiB and both purges work; and the server's log gains no
+//! `ERROR` line. In session mode the default settings (the statements
+//! prepared per connection) do the same.
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
@@ -346,5 +347,239 @@ async fn transaction_pooling_breaks_named_statements() {
     assert!(
         failures > 0,
         "named statements all survived transaction pooling"
+    );
+}
+
+const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+
+/// A webhook receiver with an inbox on `engine`: each message's effect is
+/// one `payments` row keyed by its id. Served on a loopback port; its URL.
+async fn serve_receiver(engine: &Engine<Postgres>) -> String {
+    use axum::body::Bytes;
+    use axum::extract::State;
+    use axum::http::HeaderMap;
+    use idem::inbox::webhook::WebhookReceiver;
+    use idem::signature::SigningSecret;
+
+    type Receiver = Arc<WebhookReceiver<Postgres>>;
+    async fn hook(
+        State(receiver): State<Receiver>,
+        headers: HeaderMap,
+        body: Bytes,
+    ) -> axum::response::Response {
+        receiver
+            .receive(&headers, &body, async |tx, message| {
+                sqlx::query("INSERT INTO payments VALUES ($1, 1)")
+                    .persistent(false)
+                    .bind(&message.id)
+                    .execute(&mut *tx)
+                    .await?;
+                Ok::<_, Problem>(serde_json::json!({ "received": message.id }))
+            })
+            .await
+    }
+    let inbox = idem::inbox::Inbox::new(engine.clone(), "ledger", RECORD.name()).unwrap();
+    let receiver = WebhookReceiver::new(inbox, SigningSecret::new(SECRET).unwrap());
+    let app = axum::Router::new()
+        .route("/hooks", axum::routing::post(hook))
+        .with_state(Arc::new(receiver));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/hooks", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    url
+}
+
+/// Waits (at most 30 s) until nothing is pending in `engine`'s outbox.
+async fn drained(engine: &Engine<Postgres>) {
+    let start = Instant::now();
+    while outbox::backlog(engine.pool()).await.unwrap().pending > 0 {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "the relays did not drain the outbox"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Everything beyond the claim, behind PgBouncer in transaction mode with
+/// the engines set to `Pooler::Transaction`: two relays lease with `FOR
+/// UPDATE SKIP LOCKED` and deliver over real HTTP (signed webhooks) to a
+/// receiver whose inbox sits on the same pooler; asked to `listen`, they
+/// poll instead, and still deliver. A message delivered again (put back to
+/// pending by hand, as a lost mark-sent would leave it) is answered from the
+/// inbox's record: the relay counts a duplicate, no effect runs twice. A
+/// durable claim commits its in-progress row, completes and replays; a
+/// response over 64 KiB (bound to an insert instead of travelling as a
+/// literal) is stored and replayed whole; the purges of sent messages and of
+/// expired records delete through the pooler. The server's log gains no
+/// `ERROR` line.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transaction_pooling_outbox_inbox_durable_large_and_purge() {
+    use idem::outbox::WebhookSink;
+    use idem::signature::SigningSecret;
+    use idem::ClaimMode;
+
+    let (server, bouncer) = server_and_bouncer(PoolMode::Transaction);
+    let engine = engine_through(&server, &bouncer, Pooler::Transaction, Policy::default()).await;
+    let receiver = engine_through(&server, &bouncer, Pooler::Transaction, Policy::default()).await;
+    let before = errors_in(&server);
+    let url = serve_receiver(&receiver).await;
+
+    let relays: Vec<_> = futures::future::join_all((0..2).map(|i| {
+        Relay::new(&engine)
+            .sink(WebhookSink::new(SigningSecret::new(SECRET).unwrap()))
+            .owner(format!("relay-{i}"))
+            // Ignored behind a transaction pooler: the relays poll.
+            .listen(true)
+            .poll_interval(Duration::from_millis(50))
+            .batch(4)
+            .spawn()
+    }))
+    .await
+    .into_iter()
+    .map(Result::unwrap)
+    .collect();
+
+    let scope = Scope::tenant("acme");
+    let mut ids = HashSet::new();
+    let enqueues = (0..30).map(|k| {
+        let parent = IdempotencyKey::new(format!("order-{k}")).unwrap();
+        let message = Message::webhook(&url)
+            .json(&k)
+            .unwrap()
+            .for_step(&parent, NOTIFY)
+            .scope(&scope);
+        ids.insert(message.id().unwrap().to_owned());
+        let op = Operation::new(scope.clone(), parent, CHARGE.name(), &k);
+        let engine = &engine;
+        async move {
+            engine
+                .run(&op, async |tx| {
+                    outbox::enqueue(&mut *tx, &message).await?;
+                    Ok::<_, Problem>(k)
+                })
+                .await
+                .unwrap()
+                .via
+        }
+    });
+    for via in futures::future::join_all(enqueues).await {
+        assert_eq!(via, Via::Executed);
+    }
+    drained(&engine).await;
+    // Each message's effect ran once, under its own id.
+    let effects: Vec<(String, i64)> =
+        sqlx::raw_sql("SELECT key, count(*) FROM payments GROUP BY key")
+            .fetch_all(receiver.pool())
+            .await
+            .unwrap()
+            .iter()
+            .map(|row| (sqlx::Row::get(row, 0), sqlx::Row::get(row, 1)))
+            .collect();
+    assert_eq!(effects.len(), 30, "{effects:?}");
+    assert!(effects.iter().all(|(id, n)| *n == 1 && ids.contains(id)));
+
+    // A delivery again: answered from the inbox's record.
+    let again = ids.iter().next().unwrap().clone();
+    let mut tx = engine.pool().begin().await.unwrap();
+    sqlx::query(
+        "UPDATE idem_outbox SET state = 'pending', available_at = now(), sent_at = NULL \
+         WHERE message_id = $1",
+    )
+    .persistent(false)
+    .bind(&again)
+    .execute(&mut *tx)
+    .await
+    .unwrap();
+    tx.commit().await.unwrap();
+    drained(&engine).await;
+    let mut stats = idem::outbox::RelayStats::default();
+    for relay in relays {
+        let last = relay.shutdown().await;
+        stats.published += last.published;
+        stats.duplicates += last.duplicates;
+        stats.fenced += last.fenced;
+    }
+    assert_eq!((stats.published, stats.duplicates), (30, 1), "{stats:?}");
+    assert_eq!(count(&receiver, "SELECT count(*) FROM payments").await, 30);
+    // The sent messages' purge, in batches of 7.
+    let mut purged = 0;
+    loop {
+        let batch = outbox::purge_sent(engine.pool(), Duration::ZERO, 7)
+            .await
+            .unwrap();
+        purged += batch;
+        if batch == 0 {
+            break;
+        }
+    }
+    assert_eq!(purged, 30);
+    assert_eq!(count(&engine, "SELECT count(*) FROM idem_outbox").await, 0);
+
+    // A durable claim: its in-progress row commits first, then the work's
+    // transaction completes it under the claim token.
+    let durable = Policy::default().with_claim_mode(ClaimMode::Durable);
+    let op_durable = op("durable-1", 5).with_policy(durable);
+    for expected in [Via::Executed, Via::Replayed] {
+        let done = engine
+            .run(&op_durable, async |tx| {
+                sqlx::query("INSERT INTO payments VALUES ('durable-1', 5)")
+                    .persistent(false)
+                    .execute(&mut *tx)
+                    .await?;
+                Ok::<_, Problem>(5i64)
+            })
+            .await
+            .unwrap();
+        assert_eq!((done.via, done.value.unwrap()), (expected, 5));
+    }
+    // A durable claim whose work fails releases its row at once.
+    let failed = engine
+        .run(&op("durable-2", 5).with_policy(durable), async |_tx| {
+            Err::<i64, _>(Problem::new(503, "downstream unavailable"))
+        })
+        .await
+        .unwrap();
+    assert!(failed.value.is_err());
+    assert_eq!(
+        count(
+            &engine,
+            "SELECT count(*) FROM idempotency_keys WHERE key = 'durable-2'"
+        )
+        .await,
+        0
+    );
+
+    // A response over 64 KiB, stored by the bound insert, replayed whole.
+    let large: String = (0..100_000)
+        .map(|i| (b'a' + (i % 26) as u8) as char)
+        .collect();
+    let op_large = op("large-1", 7);
+    for expected in [Via::Executed, Via::Replayed] {
+        let body = large.clone();
+        let done = engine
+            .run(&op_large, async |_tx| Ok::<_, Problem>(body))
+            .await
+            .unwrap();
+        assert_eq!(done.via, expected);
+        assert_eq!(done.value.unwrap(), large);
+    }
+
+    // The records' purge, through the pooler.
+    sqlx::raw_sql("UPDATE idempotency_keys SET expires_at = now() - interval '1 second'")
+        .execute(engine.pool())
+        .await
+        .unwrap();
+    assert_eq!(engine.purge_expired(7).await.unwrap(), 30 + 2);
+    assert_eq!(
+        count(&engine, "SELECT count(*) FROM idempotency_keys").await,
+        0
+    );
+    let after = errors_in(&server);
+    assert_eq!(
+        after.len(),
+        before.len(),
+        "server errors: {:?}",
+        &after[before.len()..]
     );
 }

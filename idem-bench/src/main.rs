@@ -33,6 +33,7 @@ mod throughput;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use idem_runtime::store::postgres::Pooler;
 use idem_test_support::{MySqlServer, PgServer};
 
 use report::{BackendReport, Report};
@@ -61,6 +62,14 @@ struct Config {
     scenarios: Option<Vec<String>>,
     /// Price each statement of the fresh Postgres path.
     floors: bool,
+    /// A database to measure instead of a throwaway server (through a
+    /// pooler, say): only the Postgres throughput scenarios and the storm run.
+    database_url: Option<String>,
+    /// Where that database is migrated from (a direct connection); the
+    /// database URL itself by default.
+    setup_url: Option<String>,
+    /// What stands between the pools and that database.
+    pooler: Pooler,
 }
 
 fn parse_args() -> Result<Config, BenchError> {
@@ -79,6 +88,9 @@ fn parse_args() -> Result<Config, BenchError> {
         only: None,
         scenarios: None,
         floors: false,
+        database_url: None,
+        setup_url: None,
+        pooler: Pooler::Session,
     };
     let mut growth = false;
     let mut growth_sizes = vec![0, 1_000_000, 5_000_000];
@@ -123,6 +135,19 @@ fn parse_args() -> Result<Config, BenchError> {
             "--svg" => cfg.svg = Some(value("--svg")?),
             "--md" => cfg.md = Some(value("--md")?),
             "--only" => cfg.only = Some(value("--only")?),
+            "--database-url" => cfg.database_url = Some(value("--database-url")?),
+            "--setup-url" => cfg.setup_url = Some(value("--setup-url")?),
+            "--pooler" => {
+                cfg.pooler = match value("--pooler")?.as_str() {
+                    "session" => Pooler::Session,
+                    "transaction" => Pooler::Transaction,
+                    other => {
+                        return Err(
+                            format!("--pooler: {other} is neither session nor transaction").into(),
+                        )
+                    }
+                }
+            }
             "--scenarios" => {
                 cfg.scenarios = Some(
                     value("--scenarios")?
@@ -140,7 +165,7 @@ fn parse_args() -> Result<Config, BenchError> {
             "--bench" => {} // passed by `cargo bench`
             "-h" | "--help" => {
                 println!(
-                    "idem-bench [--smoke | --quick] [--rounds N] [--ops N] [--growth [--growth-sizes 0,1000000,5000000]] [--floors] [--only postgres|mysql|sqlite|outbox] [--scenarios idem,seed-sql,...] [--clients 1,8,32] [--out FILE.json] [--svg FILE.svg] [--md FILE.md]"
+                    "idem-bench [--smoke | --quick] [--rounds N] [--ops N] [--growth [--growth-sizes 0,1000000,5000000]] [--floors] [--only postgres|mysql|sqlite|outbox] [--scenarios idem,seed-sql,...] [--clients 1,8,32] [--out FILE.json] [--svg FILE.svg] [--md FILE.md] [--database-url URL [--setup-url URL] [--pooler session|transaction]]"
                 );
                 std::process::exit(0);
             }
@@ -234,6 +259,9 @@ async fn run(cfg: Config) -> Result<Report, BenchError> {
         .max(cfg.storm_attempts / 2) as u32;
     let run_id = format!("b{}", std::process::id());
 
+    if let Some(url) = &cfg.database_url {
+        return given_database(&cfg, url, &scenarios, connections, &run_id, fp, started).await;
+    }
     let wants = |name: &str| cfg.only.as_deref().is_none_or(|only| only == name);
     let server = PgServer::start(pg::SETTINGS).map_err(|e| format!("starting Postgres: {e}"))?;
     let mut backends = Vec::new();
@@ -313,6 +341,39 @@ async fn run(cfg: Config) -> Result<Report, BenchError> {
         outbox,
         netdelay,
         floors,
+    })
+}
+
+/// The Postgres throughput scenarios and the storm on the database at
+/// `url`, set up over `--setup-url`, its pools set for `--pooler`.
+async fn given_database(
+    cfg: &Config,
+    url: &str,
+    scenarios: &[Scenario],
+    connections: u32,
+    run_id: &str,
+    fp: fingerprint::FingerprintResult,
+    started: Instant,
+) -> Result<Report, BenchError> {
+    let setup = cfg.setup_url.as_deref().unwrap_or(url);
+    let pg = pg::Pg::at(url, setup, connections, cfg.pooler).await?;
+    let backends = vec![backend(Arc::new(pg), cfg, scenarios, run_id).await?];
+    let ratios = report::ratios(&backends, &cfg.clients);
+    eprintln!("done in {:.0}s", started.elapsed().as_secs_f64());
+    Ok(Report {
+        mode: cfg.mode.into(),
+        cores: std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1),
+        rounds: cfg.rounds,
+        ops: cfg.ops,
+        backends,
+        ratios,
+        fingerprint: Some(fp),
+        growth: None,
+        outbox: None,
+        netdelay: None,
+        floors: None,
     })
 }
 

@@ -1,6 +1,9 @@
-//! Postgres: a throwaway cluster with durable, as-shipped settings.
+//! Postgres: a throwaway cluster with durable, as-shipped settings, or a
+//! database given by URL (through a pooler, say).
 
-use idem_runtime::store::postgres::pool_options;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use idem_runtime::store::postgres::{pool_options, pool_options_for, Pooler};
 use idem_runtime::{Engine, IdemError, KeyLock, Policy, Problem, Via};
 use idem_test_support::PgServer;
 use sqlx::postgres::PgConnectOptions;
@@ -49,6 +52,16 @@ const SEED_CLAIM: &str = "INSERT INTO seed_keys (client_id, idem_key, request_ha
 const SEED_COMPLETE: &str =
     "UPDATE seed_keys SET status = 'completed', response_code = $3, response_body = $4::jsonb \
      WHERE client_id = $1 AND idem_key = $2";
+
+/// Whether the run is behind a transaction pooler: then every scenario's
+/// statements are unnamed (`persistent(false)`), the same as idem's own, so
+/// they are compared on equal terms.
+static TRANSACTION_POOLING: AtomicBool = AtomicBool::new(false);
+
+/// Whether the scenarios' statements may be named prepared statements.
+fn named() -> bool {
+    !TRANSACTION_POOLING.load(Ordering::Relaxed)
+}
 
 /// A database on the throwaway server, with its pool and engine.
 #[derive(Clone)]
@@ -104,22 +117,44 @@ impl Pg {
     /// Creates a fresh database on `server`, migrates it and opens a pool of `connections`.
     pub async fn setup(server: &PgServer, connections: u32) -> Result<Self, BenchError> {
         let url = server.fresh_database().await;
-        let options: PgConnectOptions = url.parse().map_err(|e| format!("{e}"))?;
-        let pool = pool_options(&Policy::default(), connections)
-            .connect_with(options.clone())
+        let mut pg = Self::at(&url, &url, connections, Pooler::Session).await?;
+        pg.version = server.version().await;
+        Ok(pg)
+    }
+
+    /// The database at `url` (through a pooler, say), migrated and given the
+    /// scenarios' tables over `setup_url` (a direct connection: migrations
+    /// hold a session-level advisory lock), with a pool of `connections`
+    /// set for `pooler`.
+    pub async fn at(
+        url: &str,
+        setup_url: &str,
+        connections: u32,
+        pooler: Pooler,
+    ) -> Result<Self, BenchError> {
+        if pooler == Pooler::Transaction {
+            TRANSACTION_POOLING.store(true, Ordering::Relaxed);
+        }
+        let setup = PgPool::connect(setup_url)
             .await
-            .map_err(|e| format!("connect: {e}"))?;
-        let engine = Engine::new(pool.clone());
-        engine
+            .map_err(|e| format!("connect to {setup_url}: {e}"))?;
+        Engine::<Postgres>::new(setup.clone())
             .migrate()
             .await
             .map_err(|e| format!("migrate: {e}"))?;
         for ddl in SCHEMA {
-            sqlx::query(ddl)
-                .execute(&pool)
+            sqlx::raw_sql(ddl)
+                .execute(&setup)
                 .await
                 .map_err(|e| format!("{ddl}: {e}"))?;
         }
+        setup.close().await;
+        let options: PgConnectOptions = url.parse().map_err(|e| format!("{e}"))?;
+        let pool = pool_options_for(&Policy::default(), connections, pooler)
+            .connect_with(options.clone())
+            .await
+            .map_err(|e| format!("connect: {e}"))?;
+        let engine = Engine::new(pool.clone()).with_pooler(pooler);
         let mut settings = Vec::new();
         for name in [
             "fsync",
@@ -128,20 +163,26 @@ impl Pg {
             "shared_buffers",
             "wal_level",
         ] {
-            let value: String = sqlx::query_scalar(&format!("SHOW {name}"))
+            let row = sqlx::raw_sql(&format!("SHOW {name}"))
                 .fetch_one(&pool)
                 .await
                 .map_err(|e| format!("SHOW {name}: {e}"))?;
-            settings.push((name.to_string(), value));
+            settings.push((name.to_string(), sqlx::Row::try_get(&row, 0)?));
         }
+        let version = sqlx::raw_sql("SHOW server_version")
+            .fetch_one(&pool)
+            .await
+            .and_then(|row| sqlx::Row::try_get::<String, _>(&row, 0))
+            .map_err(|e| format!("SHOW server_version: {e}"))?;
         settings.push(("test_before_acquire".into(), "false".into()));
         settings.push(("pool_size".into(), connections.to_string()));
+        settings.push(("pooler".into(), format!("{pooler:?}").to_lowercase()));
         Ok(Self {
             pool,
             row_lock_engine: engine.clone().with_key_lock(KeyLock::Row),
             cached_engine: engine.clone().with_replay_cache(replay_cache()),
             engine,
-            version: server.version().await,
+            version,
             settings,
             options,
         })
@@ -151,6 +192,7 @@ impl Pg {
 impl Business for Postgres {
     async fn business(conn: &mut sqlx::PgConnection, tenant: &str) -> Result<i64, Problem> {
         let id = sqlx::query_scalar(BUSINESS)
+            .persistent(named())
             .bind(tenant)
             .bind(REQUEST.0)
             .bind(REQUEST.1)
@@ -183,6 +225,7 @@ impl Target for Pg {
             let fp = user_hash();
             let mut tx = pool.begin().await?;
             sqlx::query(SAME_WRITES)
+                .persistent(named())
                 .bind(TENANT)
                 .bind(REQUEST.0)
                 .bind(REQUEST.1)
@@ -227,12 +270,14 @@ impl Target for Pg {
     fn payments_for(&self, tenant: String) -> BoxFut<Result<i64, BenchError>> {
         let pool = self.pool.clone();
         Box::pin(async move {
-            Ok(
-                sqlx::query_scalar("SELECT count(*) FROM payments WHERE tenant_id = $1")
-                    .bind(tenant)
-                    .fetch_one(&pool)
-                    .await?,
-            )
+            let mut tx = pool.begin().await?;
+            let count = sqlx::query_scalar("SELECT count(*) FROM payments WHERE tenant_id = $1")
+                .persistent(named())
+                .bind(tenant)
+                .fetch_one(&mut *tx)
+                .await?;
+            tx.commit().await?;
+            Ok(count)
         })
     }
 }
@@ -243,23 +288,27 @@ pub async fn seed(pool: sqlx::PgPool, key: String, replay: bool) -> Result<(), B
     let hash = user_hash();
     let mut tx = pool.begin().await?;
     let claimed: Option<String> = sqlx::query_scalar(SEED_CLAIM)
+        .persistent(named())
         .bind(TENANT)
         .bind(&key)
         .bind(&hash)
         .fetch_optional(&mut *tx)
         .await?;
     if claimed.is_none() {
-        tx.rollback().await?;
         if !replay {
+            tx.rollback().await?;
             return Err(format!("seed-sql: key {key} was not fresh").into());
         }
-        // The guide's conflict path: the stored row answers the retry.
+        // The guide's conflict path: the stored row answers the retry (read
+        // in the transaction, which holds its connection behind a pooler).
         let (status, stored_hash, _code, _body): (String, Vec<u8>, Option<i64>, Option<String>) =
                     sqlx::query_as("SELECT status, request_hash, response_code::int8, response_body::text FROM seed_keys WHERE client_id = $1 AND idem_key = $2")
+                        .persistent(named())
                         .bind(TENANT)
                         .bind(&key)
-                        .fetch_one(&pool)
+                        .fetch_one(&mut *tx)
                         .await?;
+        tx.rollback().await?;
         if status != "completed" || stored_hash != hash {
             return Err(format!("seed-sql: key {key} is {status}").into());
         }
@@ -269,6 +318,7 @@ pub async fn seed(pool: sqlx::PgPool, key: String, replay: bool) -> Result<(), B
         .await
         .map_err(|problem| problem.to_string())?;
     sqlx::query(SEED_COMPLETE)
+        .persistent(named())
         .bind(TENANT)
         .bind(&key)
         .bind(201i32)

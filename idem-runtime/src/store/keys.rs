@@ -333,7 +333,8 @@ pub struct KeyFilter {
 /// The record writes that are the same on every backend but for the
 /// statements' text: expands to those methods of [`Keys`], calling the
 /// backend's own `INSERT_COMPLETED`, `UPSERT_COMPLETED`,
-/// `INSERT_COMPLETED_IF_ABSENT` and `bind_completed`.
+/// `INSERT_COMPLETED_IF_ABSENT`, `bind_completed` and `execute_on` (a
+/// statement on the pool, as the backend's pooling needs it).
 macro_rules! record_writes {
     () => {
         async fn lookup_unlocked<'a>(
@@ -379,14 +380,13 @@ macro_rules! record_writes {
             op: &'a Operation,
             token: i64,
         ) -> Result<(), sqlx::Error> {
-            keyed(
+            let query = keyed(
                 "DELETE FROM idempotency_keys \
                  WHERE scope = $1 AND key = $2 AND claim_token = $3 AND status = 'in_progress'",
                 op,
             )
-            .bind(token)
-            .execute(pool)
-            .await?;
+            .bind(token);
+            execute_on(pool, query).await?;
             Ok(())
         }
     };
@@ -395,7 +395,8 @@ pub(crate) use record_writes;
 
 /// The operators' statements on the key table, the same on every backend
 /// but for the record's columns (`$columns`, with `$now`, the backend's
-/// clock in the columns' type): expands to those methods of [`Keys`].
+/// clock in the columns' type): expands to those methods of [`Keys`],
+/// calling the backend's own `statement` (a statement inside a transaction).
 macro_rules! key_administration {
     (columns: $columns:expr, now: $now:expr) => {
         async fn delete_record<'a>(
@@ -403,7 +404,7 @@ macro_rules! key_administration {
             scope: &'a str,
             key: &'a str,
         ) -> Result<bool, sqlx::Error> {
-            sqlx::query("DELETE FROM idempotency_keys WHERE scope = $1 AND key = $2")
+            statement("DELETE FROM idempotency_keys WHERE scope = $1 AND key = $2")
                 .bind(scope)
                 .bind(key)
                 .execute(conn)

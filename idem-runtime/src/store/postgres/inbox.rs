@@ -4,6 +4,8 @@ use std::time::Duration;
 
 use sqlx::{Pool, Postgres};
 
+use super::statement;
+
 use crate::operation::Operation;
 use crate::store::inbox::{
     inbox_reads, poison_from_row, rejection, Inbox, NewPoison, PoisonMessage,
@@ -26,7 +28,7 @@ impl Inbox for Postgres {
             Self::write_completed_if_absent(&mut tx, op, &rejection(poison.error), retention)
                 .await?;
         }
-        sqlx::query(
+        statement(
             "INSERT INTO idem_poison (consumer, message_id, source, source_seq, payload, error, deliveries) \
              VALUES ($1, $2, $3, $4, $5, $6, $7) \
              ON CONFLICT (consumer, message_id) DO UPDATE SET source = excluded.source, \
@@ -56,7 +58,7 @@ impl Inbox for Postgres {
             "UPDATE idem_poison SET state = 'requeued', requeues = requeues + 1, requeued_at = now() \
              WHERE consumer = $1 AND message_id = $2 RETURNING {COLUMNS}"
         );
-        let found = sqlx::query(&sql)
+        let found = statement(&sql)
             .bind(consumer)
             .bind(message_id)
             .fetch_optional(&mut *tx)

@@ -9,7 +9,7 @@ use sqlx::postgres::{PgArguments, PgRow};
 use sqlx::query::Query;
 use sqlx::{PgConnection, Pool, Postgres, Row, Transaction};
 
-use super::{KeyLock, PgSettings, Pooler};
+use super::{execute_on, fetch_one_on, named_statements, statement, KeyLock, PgSettings, Pooler};
 use crate::operation::Operation;
 use crate::outcome::StoredResponse;
 use crate::policy::Policy;
@@ -388,6 +388,7 @@ impl Keys for Postgres {
         policy: &'a Policy,
     ) -> Result<(), sqlx::Error> {
         keyed(UPSERT_IN_PROGRESS, op)
+            .persistent(named_statements())
             .bind(op.step)
             .bind(&op.fingerprint.0[..])
             .bind(token)
@@ -406,6 +407,7 @@ impl Keys for Postgres {
         policy: &'a Policy,
     ) -> Result<bool, sqlx::Error> {
         let done = keyed(COMPLETE_CLAIM, op)
+            .persistent(named_statements())
             .bind(token)
             .bind(response.status as i16)
             .bind(&response.content_type)
@@ -429,7 +431,7 @@ impl Keys for Postgres {
         // stopped: the index entries before it point at rows deleted moments
         // ago, which a scan from the start would step over again every batch.
         // Nothing older can appear: a record expires after it is written.
-        let (deleted, last): (i64, Option<i64>) = sqlx::query_as(
+        let query = sqlx::query(
             "WITH purged AS (\
                DELETE FROM idempotency_keys WHERE expires_at < now() AND (scope, key) IN \
                  (SELECT scope, key FROM idempotency_keys \
@@ -439,18 +441,20 @@ impl Keys for Postgres {
              SELECT count(*), (extract(epoch FROM max(expires_at)) * 1000000)::int8 FROM purged",
         )
         .bind(i64::from(batch))
-        .bind(from)
-        .fetch_one(pool)
-        .await?;
+        .bind(from);
+        let row = fetch_one_on(pool, query).await?;
+        let (deleted, last): (i64, Option<i64>) = (row.try_get(0)?, row.try_get(1)?);
         Ok((deleted as u64, last.unwrap_or(from)))
     }
 
     async fn live_steps(pool: &Pool<Self>) -> Result<Vec<String>, sqlx::Error> {
-        sqlx::query_scalar(
+        // No parameters: the simple protocol, one message on any pooler.
+        let rows = sqlx::raw_sql(
             "SELECT DISTINCT step FROM idempotency_keys WHERE expires_at > now() ORDER BY step",
         )
         .fetch_all(pool)
-        .await
+        .await?;
+        rows.iter().map(|row| row.try_get(0)).collect()
     }
 
     async fn run_raw(conn: &mut PgConnection, sql: &'static str) -> Result<(), sqlx::Error> {
@@ -482,6 +486,7 @@ fn bind_completed<'q>(
     policy: &Policy,
 ) -> Query<'q, Postgres, PgArguments> {
     keyed(sql, op)
+        .persistent(named_statements())
         .bind(op.step)
         .bind(&op.fingerprint.0[..])
         .bind(response.status as i16)

@@ -48,9 +48,11 @@
 //! SQL stays within what Postgres-compatible engines accept where it costs
 //! nothing: no `ctid`, batched deletes by primary key.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::postgres::{PgArguments, PgConnectOptions, PgPoolOptions, PgQueryResult, PgRow};
+use sqlx::query::Query;
 use sqlx::{PgConnection, PgPool, Pool, Postgres};
 
 use super::migrate::{Dialect, PendingMigration, Schema};
@@ -227,7 +229,94 @@ pub enum Pooler {
     /// and the completed record travels as literal SQL with the `COMMIT`.
     /// Lock waits are bounded with `set_config(…, true)`, which ends with
     /// the transaction. Build the pool with [`pool_options_for`].
+    ///
+    /// The rest of idem's statements follow, in the whole process, once an
+    /// engine or a pool is set to this: the outbox's enqueue and relay, the
+    /// inbox's poison rows, durable claims' records, the purges and the
+    /// registry's check run unnamed, inside a transaction (their own when
+    /// they have none), and statements without parameters use the simple
+    /// protocol. The relay polls: `LISTEN` holds a server session, which a
+    /// transaction pooler does not give, so [`Relay::listen`](crate::outbox::Relay::listen)
+    /// is ignored (with a warning) and enqueues in other processes are found
+    /// within [`Relay::poll_interval`](crate::outbox::Relay::poll_interval).
+    /// The operators' reads and `migrate` (a session-level advisory lock)
+    /// are meant for a direct connection or a session-mode pool.
     Transaction,
+}
+
+/// Set once any engine or pool of the process is behind a transaction
+/// pooler ([`Engine::with_pooler`](crate::Engine::with_pooler),
+/// [`pool_options_for`] with [`Pooler::Transaction`]); never cleared.
+static TRANSACTION_POOLING: AtomicBool = AtomicBool::new(false);
+
+fn keep_no_session_state_if(pooler: Pooler) {
+    if pooler == Pooler::Transaction {
+        TRANSACTION_POOLING.store(true, Ordering::Relaxed);
+    }
+}
+
+/// Whether the statements idem sends outside a claim (the outbox's enqueue
+/// and relay, the inbox's poison rows, durable claims' records, the purges)
+/// may be sqlx's named prepared statements: yes unless something in this
+/// process is behind a transaction pooler. Those statements get a
+/// connection or a pool, not an engine, so the setting is the process's: a
+/// direct pool in a process that also has a pooled one runs them unnamed
+/// too, which costs it a round trip per statement and nothing else.
+pub(crate) fn named_statements() -> bool {
+    !TRANSACTION_POOLING.load(Ordering::Relaxed)
+}
+
+/// `sqlx::query(sql)`, named (cached per connection) unless
+/// [`named_statements`] says no. For statements inside a transaction, which
+/// holds its server connection until it ends.
+pub(crate) fn statement(sql: &str) -> Query<'_, Postgres, PgArguments> {
+    sqlx::query(sql).persistent(named_statements())
+}
+
+/// Runs `query` on `pool`. Behind a transaction pooler, inside a
+/// transaction of its own, unnamed: sqlx prepares a statement with bound
+/// parameters in one exchange and runs it in a second, and between the two
+/// a transaction pooler may hand the server connection to another client
+/// unless a transaction holds it.
+pub(crate) async fn execute_on(
+    pool: &Pool<Postgres>,
+    query: Query<'_, Postgres, PgArguments>,
+) -> Result<PgQueryResult, sqlx::Error> {
+    if named_statements() {
+        return query.execute(pool).await;
+    }
+    let mut tx = pool.begin().await?;
+    let done = query.persistent(false).execute(&mut *tx).await?;
+    tx.commit().await?;
+    Ok(done)
+}
+
+/// [`execute_on`] for a statement's rows.
+pub(crate) async fn fetch_all_on(
+    pool: &Pool<Postgres>,
+    query: Query<'_, Postgres, PgArguments>,
+) -> Result<Vec<PgRow>, sqlx::Error> {
+    if named_statements() {
+        return query.fetch_all(pool).await;
+    }
+    let mut tx = pool.begin().await?;
+    let rows = query.persistent(false).fetch_all(&mut *tx).await?;
+    tx.commit().await?;
+    Ok(rows)
+}
+
+/// [`execute_on`] for a statement's one row.
+pub(crate) async fn fetch_one_on(
+    pool: &Pool<Postgres>,
+    query: Query<'_, Postgres, PgArguments>,
+) -> Result<PgRow, sqlx::Error> {
+    if named_statements() {
+        return query.fetch_one(pool).await;
+    }
+    let mut tx = pool.begin().await?;
+    let row = query.persistent(false).fetch_one(&mut *tx).await?;
+    tx.commit().await?;
+    Ok(row)
 }
 
 /// The Postgres engine's own settings: its [`KeyLock`] and its [`Pooler`].
@@ -252,6 +341,7 @@ pub struct PgSettings {
 /// # Ok(()) }
 /// ```
 pub fn pool_options_for(policy: &Policy, max_connections: u32, pooler: Pooler) -> PgPoolOptions {
+    keep_no_session_state_if(pooler);
     let options = PgPoolOptions::new()
         .max_connections(max_connections)
         .test_before_acquire(false)
@@ -278,7 +368,11 @@ impl crate::Engine<Postgres> {
     /// Sets what stands between the pool and the server ([`Pooler::Session`]
     /// by default; [`Pooler::Transaction`] behind PgBouncer in transaction
     /// mode).
+    ///
+    /// [`Pooler::Transaction`] also switches, for the whole process, every
+    /// statement idem sends outside a claim (see [`Pooler::Transaction`]).
     pub fn with_pooler(mut self, pooler: Pooler) -> Self {
+        keep_no_session_state_if(pooler);
         self.settings.pooler = pooler;
         self
     }

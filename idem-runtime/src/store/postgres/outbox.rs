@@ -5,7 +5,9 @@
 
 use std::time::Duration;
 
-use sqlx::{PgConnection, Pool, Postgres};
+use sqlx::{PgConnection, Pool, Postgres, Row};
+
+use super::{execute_on, fetch_all_on, named_statements, statement};
 
 use crate::outbox::message::Message;
 use crate::store::keys::millis;
@@ -37,7 +39,7 @@ impl Outbox for Postgres {
         message: &'a Message,
         notify: bool,
     ) -> Result<Option<Origin>, sqlx::Error> {
-        let done = sqlx::query(
+        let done = statement(
             "INSERT INTO idem_outbox (message_id, scope, parent_key, step, sink, destination, \
              ordering_key, headers, payload, content_type, max_attempts) \
              VALUES ($1, $2, $3, $4, $5, $6, $7, $8::jsonb, $9, $10, $11) \
@@ -59,14 +61,14 @@ impl Outbox for Postgres {
         if done.rows_affected() == 1 {
             if notify {
                 // Delivered by Postgres at commit, dropped on rollback.
-                sqlx::query("SELECT pg_notify($1, '')")
+                statement("SELECT pg_notify($1, '')")
                     .bind(NOTIFY_CHANNEL)
                     .execute(&mut *conn)
                     .await?;
             }
             return Ok(None);
         }
-        let row = sqlx::query(ORIGIN_BY_ID)
+        let row = statement(ORIGIN_BY_ID)
             .bind(id)
             .fetch_one(&mut *conn)
             .await?;
@@ -82,7 +84,7 @@ impl Outbox for Postgres {
     ) -> Result<Vec<Claimed>, sqlx::Error> {
         // The claim is a function (migration 20261207000001): it keeps
         // the planner to a plain index scan in id order.
-        let rows = sqlx::query(
+        let query = sqlx::query(
             "SELECT id, lease_token, max_attempts::int8 AS max_attempts, sink, \
                message_id, step, destination, ordering_key, headers::text AS headers, \
                content_type, payload, attempts::int8 AS attempts, \
@@ -92,9 +94,8 @@ impl Outbox for Postgres {
         .bind(sinks)
         .bind(i64::from(batch))
         .bind(millis(lease) as f64)
-        .bind(owner)
-        .fetch_all(pool)
-        .await?;
+        .bind(owner);
+        let rows = fetch_all_on(pool, query).await?;
         let mut claimed: Vec<Claimed> = rows.iter().map(claimed_from_row).collect();
         claimed.sort_by_key(|c| c.row);
         Ok(claimed)
@@ -134,7 +135,7 @@ impl Outbox for Postgres {
             .bind(token)
             .bind(error.as_str()),
         };
-        let done = query.execute(pool).await?;
+        let done = execute_on(pool, query).await?;
         Ok(done.rows_affected() == 1)
     }
 
@@ -148,7 +149,7 @@ impl Outbox for Postgres {
         let rows: Vec<i64> = sent.iter().map(|s| s.0).collect();
         let tokens: Vec<i64> = sent.iter().map(|s| s.1).collect();
         let receipts: Vec<Option<&str>> = sent.iter().map(|s| s.2.as_deref()).collect();
-        sqlx::query_scalar(
+        let query = sqlx::query(
             "UPDATE idem_outbox o SET state = 'sent', sent_at = now(), receipt = s.receipt, \
              lease_until = NULL, lease_owner = NULL \
              FROM unnest($1::int8[], $2::int8[], $3::text[]) AS s(id, token, receipt) \
@@ -157,20 +158,19 @@ impl Outbox for Postgres {
         )
         .bind(rows)
         .bind(tokens)
-        .bind(receipts)
-        .fetch_all(pool)
-        .await
+        .bind(receipts);
+        let marked = fetch_all_on(pool, query).await?;
+        marked.iter().map(|row| row.try_get(0)).collect()
     }
 
     async fn release_leases<'a>(pool: &'a Pool<Self>, owner: &'a str) -> Result<u64, sqlx::Error> {
-        let done = sqlx::query(
+        let query = sqlx::query(
             "UPDATE idem_outbox SET lease_until = NULL, lease_owner = NULL, \
              attempts = greatest(attempts - 1, 0) \
              WHERE lease_owner = $1 AND state = 'pending' AND lease_until > now()",
         )
-        .bind(owner)
-        .execute(pool)
-        .await?;
+        .bind(owner);
+        let done = execute_on(pool, query).await?;
         Ok(done.rows_affected())
     }
 
@@ -178,13 +178,12 @@ impl Outbox for Postgres {
         pool: &'a Pool<Self>,
         message_id: &'a str,
     ) -> Result<bool, sqlx::Error> {
-        let done = sqlx::query(
+        let query = sqlx::query(
             "UPDATE idem_outbox SET state = 'pending', attempts = 0, available_at = now(), \
              lease_until = NULL, lease_owner = NULL WHERE message_id = $1 AND state = 'dead'",
         )
-        .bind(message_id)
-        .execute(pool)
-        .await?;
+        .bind(message_id);
+        let done = execute_on(pool, query).await?;
         Ok(done.rows_affected() == 1)
     }
 
@@ -193,18 +192,29 @@ impl Outbox for Postgres {
         message_id: &'a str,
     ) -> Result<bool, sqlx::Error> {
         // Bumping the token fences a relay that holds the row right now.
-        let done = sqlx::query(
+        let query = sqlx::query(
             "UPDATE idem_outbox SET state = 'sent', receipt = 'skipped', sent_at = now(), \
              lease_until = NULL, lease_owner = NULL, lease_token = lease_token + 1 \
              WHERE message_id = $1 AND state <> 'sent'",
         )
-        .bind(message_id)
-        .execute(pool)
-        .await?;
+        .bind(message_id);
+        let done = execute_on(pool, query).await?;
         Ok(done.rows_affected() == 1)
     }
 
     async fn listen_for_enqueues(pool: &Pool<Self>, wake: fn()) -> Result<(), sqlx::Error> {
+        if !named_statements() {
+            // Behind a transaction pooler `LISTEN` would hold a server
+            // session the pooler hands to others: polling only.
+            static SAID: std::sync::Once = std::sync::Once::new();
+            SAID.call_once(|| {
+                tracing::warn!(
+                    "the outbox relay does not LISTEN behind a transaction pooler; it finds \
+                     other processes' messages by polling (Relay::poll_interval)"
+                );
+            });
+            return Ok(());
+        }
         let mut listener = sqlx::postgres::PgListener::connect_with(pool).await?;
         listener.listen(NOTIFY_CHANNEL).await?;
         loop {
@@ -221,7 +231,8 @@ impl Outbox for Postgres {
                * 1000)::int8 AS oldest_ms, \
              {BLOCKED_KEYS} AS blocked FROM idem_outbox WHERE state <> 'sent'"
         );
-        let row = sqlx::query(&sql).fetch_one(pool).await?;
+        // No parameters: the simple protocol, one message on any pooler.
+        let row = sqlx::raw_sql(&sql).fetch_one(pool).await?;
         Ok(backlog_from_row(&row))
     }
 
@@ -230,16 +241,15 @@ impl Outbox for Postgres {
         retention: Duration,
         batch: u32,
     ) -> Result<u64, sqlx::Error> {
-        let done = sqlx::query(concat!(
+        let query = sqlx::query(concat!(
             "DELETE FROM idem_outbox WHERE id IN (SELECT id FROM idem_outbox \
              WHERE state = 'sent' AND sent_at < now() - ",
             ms!("$1"),
             " ORDER BY sent_at LIMIT $2)"
         ))
         .bind(millis(retention) as f64)
-        .bind(i64::from(batch))
-        .execute(pool)
-        .await?;
+        .bind(i64::from(batch));
+        let done = execute_on(pool, query).await?;
         Ok(done.rows_affected())
     }
 

@@ -203,6 +203,19 @@ impl Keys for Sqlite {
     key_administration!(columns: admin_columns(), now: now_ms());
 }
 
+/// `sqlx::query(sql)`: SQLite's connections are their own sessions.
+fn statement(sql: &str) -> Query<'_, Sqlite, SqliteArguments<'_>> {
+    sqlx::query(sql)
+}
+
+/// Runs `query` on `pool`.
+async fn execute_on<'q>(
+    pool: &Pool<Sqlite>,
+    query: Query<'q, Sqlite, SqliteArguments<'q>>,
+) -> Result<sqlx::sqlite::SqliteQueryResult, sqlx::Error> {
+    query.execute(pool).await
+}
+
 /// A completed-record statement of this file with its values bound.
 fn bind_completed<'q>(
     sql: &'q str,

@@ -1,0 +1,597 @@
+//! The failover scenario, run by `tests/failover.rs` (bounded) and by
+//! `cargo run --example chaos -- --failover` (any size): a primary failover
+//! under load, with real Postgres 15 streaming
+//! replication: a primary and a standby made with `pg_basebackup -R`, the
+//! service reaching the primary through a loopback TCP forwarder (the
+//! address that follows the leader, as a re-pointed PgBouncer or an
+//! HAProxy would). Retrying clients charge keys while the primary is
+//! killed with SIGKILL; for a second the service has no primary (every
+//! claim is a 503 with `Retry-After`, never a 500); then the standby is
+//! promoted and the forwarder re-pointed, and the same engine and pool go
+//! on without a restart. Afterwards every key is sent once more.
+//!
+//! - Synchronous replication (`synchronous_standby_names = '*'`,
+//!   `synchronous_commit = remote_apply`): every answer given before the
+//!   kill is found after it and replayed; nothing runs twice.
+//! - Asynchronous replication: a commit not yet streamed is lost with the
+//!   primary, the key record with the business write (one transaction),
+//!   so the key's retry runs it again: counted, never doubled in the data.
+//!
+//! Each charge also enqueues a notification (id `child_key(key, step)`),
+//! which a relay on the same engine delivers over signed webhooks to a
+//! receiver with an inbox in a store of its own (a server that does not
+//! fail over). A message delivered from the old primary and enqueued again
+//! by a re-run, or left unsent by a lost mark-sent, reaches the receiver
+//! again with the same id and is answered from its inbox's record: every
+//! message's effect runs once at the receiver, in both runs.
+
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use idem::outbox::{self, Backoff, Message, Relay, WebhookSink};
+use idem::signature::SigningSecret;
+use idem::{Engine, IdemError, IdempotencyKey, Operation, Policy, Problem, Scope, Via};
+use idem_test_support::{free_port, is_root, postgres, postgres_tool as pg, run, PgServer};
+use sqlx::{PgPool, Postgres};
+
+idem::steps! {
+    const CHARGE = "charge.v1";
+    const NOTIFY = "notify-payment.v1";
+    const RECORD = "record-payment.v1";
+}
+
+const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+
+/// The size of a run.
+#[derive(Debug, Clone, Copy)]
+pub struct Plan {
+    /// Keys charged, each once, by retrying clients.
+    pub keys: usize,
+    /// Concurrent clients, each taking every `clients`-th key.
+    pub clients: usize,
+    /// The primary is killed once this many keys are answered.
+    pub kill_after: u64,
+}
+
+/// A standby of `primary_port` made with `pg_basebackup -R`, stopped and
+/// removed when dropped.
+struct Standby {
+    dir: PathBuf,
+    port: u16,
+}
+
+impl Standby {
+    fn start(primary_port: u16) -> Self {
+        let dir = tempfile::Builder::new()
+            .prefix("idem-standby-")
+            .tempdir()
+            .unwrap()
+            .keep();
+        if is_root() {
+            run(
+                Command::new("chown").args(["postgres:postgres"]).arg(&dir),
+                "chown",
+            )
+            .unwrap();
+        }
+        let data = dir.join("data");
+        run(
+            pg("pg_basebackup")
+                .args([
+                    "-h",
+                    "127.0.0.1",
+                    "-U",
+                    "postgres",
+                    "-X",
+                    "stream",
+                    "-R",
+                    "-c",
+                    "fast",
+                    "-D",
+                ])
+                .arg(&data)
+                .args(["-p", &primary_port.to_string()]),
+            "pg_basebackup",
+        )
+        .unwrap();
+        let port = free_port().unwrap();
+        let options = format!(
+            "-c listen_addresses=127.0.0.1 -p {port} -k {} -c max_connections=300 -c fsync=off",
+            dir.display()
+        );
+        run(
+            pg("pg_ctl")
+                .arg("-D")
+                .arg(&data)
+                .arg("-l")
+                .arg(dir.join("standby.log"))
+                .args(["-o", &options, "-w", "-t", "60", "start"]),
+            "pg_ctl start",
+        )
+        .unwrap();
+        Self { dir, port }
+    }
+
+    fn promote(&self) {
+        run(
+            pg("pg_ctl")
+                .arg("-D")
+                .arg(self.dir.join("data"))
+                .args(["-w", "-t", "60", "promote"]),
+            "pg_ctl promote",
+        )
+        .unwrap();
+    }
+}
+
+impl Drop for Standby {
+    fn drop(&mut self) {
+        let _ = pg("pg_ctl")
+            .arg("-D")
+            .arg(self.dir.join("data"))
+            .args(["-m", "immediate", "stop"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A loopback TCP forwarder to whichever port `target` holds; re-pointing
+/// it cuts the connections to the old target.
+struct Forwarder {
+    port: u16,
+    target: Arc<AtomicU16>,
+    generation: Arc<tokio::sync::watch::Sender<u64>>,
+}
+
+impl Forwarder {
+    async fn start(target: u16) -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let target = Arc::new(AtomicU16::new(target));
+        let (generation, _) = tokio::sync::watch::channel(0u64);
+        let generation = Arc::new(generation);
+        let (to, cut) = (target.clone(), generation.clone());
+        tokio::spawn(async move {
+            while let Ok((mut inbound, _)) = listener.accept().await {
+                let port = to.load(Ordering::SeqCst);
+                let mut cut = cut.subscribe();
+                tokio::spawn(async move {
+                    let Ok(mut outbound) =
+                        tokio::net::TcpStream::connect(("127.0.0.1", port)).await
+                    else {
+                        return;
+                    };
+                    tokio::select! {
+                        _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
+                        _ = cut.changed() => {}
+                    }
+                });
+            }
+        });
+        Self {
+            port,
+            target,
+            generation,
+        }
+    }
+
+    fn point_at(&self, port: u16) {
+        self.target.store(port, Ordering::SeqCst);
+        self.generation.send_modify(|g| *g += 1);
+    }
+}
+
+#[derive(Default)]
+struct Tally {
+    answered: AtomicU64,
+    unavailable: AtomicU64,
+    in_progress: AtomicU64,
+    /// The first answer per key: its value (the payment id), and whether
+    /// it came before the kill.
+    first: Mutex<Vec<Option<(i64, bool)>>>,
+}
+
+/// A charge's answer: the payment id and how it came, or the work's own
+/// 503 (its statement met the lost connection; rolled back, not stored).
+/// The work also enqueues the payment's notification to `hook`.
+async fn charge(
+    engine: &Engine<Postgres>,
+    key: &str,
+    hook: &str,
+) -> Result<Result<(i64, Via), Problem>, IdemError> {
+    let scope = Scope::tenant("acme");
+    let parent = IdempotencyKey::new(key).unwrap();
+    let message = Message::webhook(hook)
+        .json(&serde_json::json!({ "payment": key }))
+        .unwrap()
+        .for_step(&parent, NOTIFY)
+        .scope(&scope);
+    let op = Operation::new(scope, parent, CHARGE.name(), &10i64);
+    let key = key.to_owned();
+    engine
+        .run(&op, async |tx| {
+            let id: i64 = sqlx::query_scalar("INSERT INTO payments (key) VALUES ($1) RETURNING id")
+                .bind(&key)
+                .fetch_one(&mut *tx)
+                .await?;
+            outbox::enqueue(&mut *tx, &message).await?;
+            Ok::<_, Problem>(id)
+        })
+        .await
+        .map(|answer| answer.value.map(|id| (id, answer.via)))
+}
+
+/// What the receiver saw: deliveries, and those answered from its inbox's
+/// record (`Idempotent-Replayed: true`).
+#[derive(Default)]
+struct Seen {
+    deliveries: AtomicU64,
+    answered_from_record: AtomicU64,
+}
+
+/// The receiver: a webhook endpoint whose inbox (consumer `payments`) runs
+/// each message's effect, one `effects` row, in a fresh database of the
+/// harness's server. Returns its URL, its pool and what it saw.
+async fn receiver() -> (String, PgPool, Arc<Seen>) {
+    use axum::body::Bytes;
+    use axum::extract::State;
+    use axum::http::HeaderMap;
+    use idem::inbox::webhook::WebhookReceiver;
+
+    let url = postgres().fresh_database().await;
+    let pool = PgPool::connect(&url).await.unwrap();
+    let engine = Engine::<Postgres>::new(pool.clone());
+    engine.migrate().await.unwrap();
+    sqlx::raw_sql("CREATE TABLE effects (message_id text NOT NULL)")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let inbox = idem::inbox::Inbox::new(engine, "payments", RECORD.name()).unwrap();
+    let webhooks = WebhookReceiver::new(inbox, SigningSecret::new(SECRET).unwrap());
+    let seen = Arc::new(Seen::default());
+    type Shared = (Arc<WebhookReceiver<Postgres>>, Arc<Seen>);
+    async fn hook(
+        State((webhooks, seen)): State<Shared>,
+        headers: HeaderMap,
+        body: Bytes,
+    ) -> axum::response::Response {
+        let response = webhooks
+            .receive(&headers, &body, async |tx, message| {
+                sqlx::query("INSERT INTO effects VALUES ($1)")
+                    .bind(&message.id)
+                    .execute(&mut *tx)
+                    .await?;
+                Ok::<_, Problem>(serde_json::json!({ "recorded": message.id }))
+            })
+            .await;
+        seen.deliveries.fetch_add(1, Ordering::SeqCst);
+        if response.headers().get("idempotent-replayed").is_some() {
+            seen.answered_from_record.fetch_add(1, Ordering::SeqCst);
+        }
+        response
+    }
+    let app = axum::Router::new()
+        .route("/hooks/payments", axum::routing::post(hook))
+        .with_state((Arc::new(webhooks), seen.clone()));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let hook_url = format!("http://{}/hooks/payments", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    (hook_url, pool, seen)
+}
+
+/// One retrying client: each of its keys until a 2xx, honouring the 503's
+/// and the 409's `Retry-After` (shortened), within a bound.
+async fn client(
+    engine: Engine<Postgres>,
+    hook: String,
+    keys: Vec<usize>,
+    tally: Arc<Tally>,
+    killed: Arc<AtomicBool>,
+) {
+    for k in keys {
+        let started = Instant::now();
+        loop {
+            assert!(
+                started.elapsed() < Duration::from_secs(60),
+                "key {k}: no answer in 60 s"
+            );
+            match charge(&engine, &format!("k-{k}"), &hook).await {
+                Ok(Err(problem)) => {
+                    assert_eq!(problem.status, 503, "key {k}: {problem:?}");
+                    tally.unavailable.fetch_add(1, Ordering::SeqCst);
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                Ok(Ok((id, _via))) => {
+                    let before = !killed.load(Ordering::SeqCst);
+                    tally.first.lock().unwrap()[k] = Some((id, before));
+                    tally.answered.fetch_add(1, Ordering::SeqCst);
+                    break;
+                }
+                Err(error @ (IdemError::Unavailable { .. } | IdemError::Conflict { .. })) => {
+                    assert_eq!(error.http_status(), 503);
+                    assert!(error.retry_after().is_some());
+                    tally.unavailable.fetch_add(1, Ordering::SeqCst);
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                Err(IdemError::InProgress { .. }) => {
+                    tally.in_progress.fetch_add(1, Ordering::SeqCst);
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                Err(error) => panic!("key {k}: {error:?} ({})", error.http_status()),
+            }
+        }
+    }
+}
+
+/// What a run measured.
+pub struct Figures {
+    pub answered_before_kill: usize,
+    pub lost: usize,
+    pub reexecuted: usize,
+    pub unavailable: u64,
+    pub in_progress: u64,
+    /// Deliveries the receiver got, and those it answered from its
+    /// inbox's record (a message it had already run).
+    pub deliveries: u64,
+    pub answered_from_record: u64,
+    /// Messages whose effect ran more than once at the receiver.
+    pub receiver_duplicates: i64,
+}
+
+/// One failover run (`synchronous` or asynchronous replication) of `plan`'s
+/// size; asserts what holds whatever the timing, returns the figures.
+pub async fn failover(synchronous: bool, plan: Plan) -> Figures {
+    let primary = PgServer::start(&[
+        ("fsync", "off"),
+        ("full_page_writes", "off"),
+        ("wal_level", "replica"),
+        ("max_wal_senders", "5"),
+    ])
+    .unwrap();
+    let url = primary.fresh_database().await;
+    let name = url.rsplit('/').next().unwrap().to_owned();
+    let direct = PgPool::connect(&url).await.unwrap();
+    Engine::<Postgres>::new(direct.clone())
+        .migrate()
+        .await
+        .unwrap();
+    sqlx::raw_sql("CREATE TABLE payments (id bigserial PRIMARY KEY, key text NOT NULL)")
+        .execute(&direct)
+        .await
+        .unwrap();
+    let standby = Standby::start(primary.port().unwrap());
+    if synchronous {
+        // One statement per message: ALTER SYSTEM runs outside any
+        // transaction block.
+        for sql in [
+            "ALTER SYSTEM SET synchronous_standby_names = '*'".to_owned(),
+            "SELECT pg_reload_conf()".to_owned(),
+            format!("ALTER DATABASE {name} SET synchronous_commit = 'remote_apply'"),
+        ] {
+            sqlx::raw_sql(&sql).execute(&direct).await.unwrap();
+        }
+    }
+    let want = if synchronous { "sync" } else { "async" };
+    let started = Instant::now();
+    loop {
+        let state: Option<String> =
+            sqlx::query_scalar("SELECT sync_state FROM pg_stat_replication")
+                .fetch_optional(&direct)
+                .await
+                .unwrap();
+        if state.as_deref() == Some(want) {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "standby not {want}: {state:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let data_dir: String = sqlx::query_scalar("SHOW data_directory")
+        .fetch_one(&direct)
+        .await
+        .unwrap();
+    direct.close().await;
+
+    let forwarder = Forwarder::start(primary.port().unwrap()).await;
+    let service_url = format!("postgres://postgres@127.0.0.1:{}/{name}", forwarder.port);
+    let policy = Policy::default().with_wait_timeout(Duration::from_secs(1));
+    let pool = idem::store::postgres::connect(&service_url, &policy, 8)
+        .await
+        .unwrap();
+    let engine = Engine::new(pool).with_policy(policy);
+    let (hook, effects, seen) = receiver().await;
+    let relay = Relay::new(&engine)
+        .sink(WebhookSink::new(SigningSecret::new(SECRET).unwrap()))
+        .lease(Duration::from_secs(2))
+        .publish_timeout(Duration::from_secs(1))
+        .poll_interval(Duration::from_millis(50))
+        .backoff(Backoff {
+            base: Duration::from_millis(100),
+            cap: Duration::from_millis(500),
+        })
+        .batch(16)
+        .spawn()
+        .await
+        .unwrap();
+
+    let tally = Arc::new(Tally {
+        first: Mutex::new(vec![None; plan.keys]),
+        ..Tally::default()
+    });
+    let killed = Arc::new(AtomicBool::new(false));
+    let clients: Vec<_> = (0..plan.clients)
+        .map(|c| {
+            let keys = (c..plan.keys).step_by(plan.clients).collect();
+            tokio::spawn(client(
+                engine.clone(),
+                hook.clone(),
+                keys,
+                tally.clone(),
+                killed.clone(),
+            ))
+        })
+        .collect();
+    let standby_pool = PgPool::connect(&format!(
+        "postgres://postgres@127.0.0.1:{}/{name}",
+        standby.port
+    ))
+    .await
+    .unwrap();
+    while tally.answered.load(Ordering::SeqCst) < plan.kill_after {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // Asynchronous: hold the standby's WAL receiver for a moment, as a
+    // slow link would, so the primary dies with commits not yet streamed.
+    let receiver: Option<String> = if synchronous {
+        None
+    } else {
+        let pid: i32 = sqlx::query_scalar("SELECT pid FROM pg_stat_wal_receiver")
+            .fetch_one(&standby_pool)
+            .await
+            .unwrap();
+        run(
+            Command::new("kill").args(["-STOP", &pid.to_string()]),
+            "kill -STOP",
+        )
+        .unwrap();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        Some(pid.to_string())
+    };
+    standby_pool.close().await;
+    // SIGKILL the postmaster: its backends and WAL sender go with it.
+    let pid = std::fs::read_to_string(PathBuf::from(&data_dir).join("postmaster.pid"))
+        .unwrap()
+        .lines()
+        .next()
+        .unwrap()
+        .trim()
+        .to_owned();
+    killed.store(true, Ordering::SeqCst);
+    run(Command::new("kill").args(["-9", &pid]), "kill -9").unwrap();
+    let _ = Command::new("pkill").args(["-9", "-P", &pid]).status();
+    forwarder.point_at(0); // nothing answers while there is no primary
+                           // What the held receiver had not written is gone with it (the bytes
+                           // waiting in its socket too); the standby restarts its receiver.
+    if let Some(pid) = receiver {
+        run(Command::new("kill").args(["-KILL", &pid]), "kill -KILL").unwrap();
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    standby.promote();
+    forwarder.point_at(standby.port);
+    for client in clients {
+        client.await.unwrap();
+    }
+
+    // Every key once more, on the promoted server.
+    let first = tally.first.lock().unwrap().clone();
+    let (mut lost, mut reexecuted) = (0, 0);
+    for (k, answer) in first.iter().enumerate() {
+        let (id, before) = answer.expect("every key answered");
+        let (again, via) = loop {
+            match charge(&engine, &format!("k-{k}"), &hook).await {
+                Ok(Ok(answer)) => break answer,
+                Ok(Err(problem)) => panic!("key {k} after the failover: {problem:?}"),
+                // A pool connection still on its way out is a 503 as well.
+                Err(IdemError::InProgress { .. } | IdemError::Unavailable { .. }) => {
+                    tokio::time::sleep(Duration::from_millis(100)).await
+                }
+                Err(error) => panic!("key {k} after the failover: {error:?}"),
+            }
+        };
+        if via == Via::Executed {
+            // Its answer was given, and its record (with its business
+            // write) lost with the primary: it ran again.
+            reexecuted += 1;
+            lost += 1;
+            let _ = before;
+        } else {
+            assert_eq!((again, via), (id, Via::Replayed), "key {k}");
+        }
+    }
+    let promoted = PgPool::connect(&format!(
+        "postgres://postgres@127.0.0.1:{}/{name}",
+        standby.port
+    ))
+    .await
+    .unwrap();
+    // The relay delivers what the promoted server holds: at most 20 s, or
+    // 20 ms a key for a larger run.
+    let drain = Duration::from_secs(20).max(Duration::from_millis(20) * plan.keys as u32);
+    let started = Instant::now();
+    while outbox::backlog(&promoted).await.unwrap().pending > 0 {
+        assert!(
+            started.elapsed() < drain,
+            "the relay did not drain the outbox after the failover"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let relayed = relay.shutdown().await;
+    assert_eq!(relayed.dead, 0, "{relayed:?}");
+    // Every payment's notification reached the receiver, and its effect ran once.
+    let (distinct, receiver_duplicates): (i64, i64) = sqlx::query_as(
+        "SELECT count(*), count(*) FILTER (WHERE n > 1) \
+         FROM (SELECT message_id, count(*) AS n FROM effects GROUP BY message_id) e",
+    )
+    .fetch_one(&effects)
+    .await
+    .unwrap();
+    assert_eq!(distinct, plan.keys as i64);
+    let sent: i64 = sqlx::query_scalar("SELECT count(*) FROM idem_outbox WHERE state = 'sent'")
+        .fetch_one(&promoted)
+        .await
+        .unwrap();
+    assert_eq!(sent, plan.keys as i64);
+    let doubled: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM (SELECT key FROM payments GROUP BY key HAVING count(*) > 1) d",
+    )
+    .fetch_one(&promoted)
+    .await
+    .unwrap();
+    assert_eq!(doubled, 0, "a key's work committed twice");
+    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM payments")
+        .fetch_one(&promoted)
+        .await
+        .unwrap();
+    assert_eq!(rows, plan.keys as i64);
+    let stuck: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM idempotency_keys WHERE status <> 'completed'")
+            .fetch_one(&promoted)
+            .await
+            .unwrap();
+    assert_eq!(stuck, 0);
+    let figures = Figures {
+        answered_before_kill: first
+            .iter()
+            .filter(|a| a.is_some_and(|(_, before)| before))
+            .count(),
+        lost,
+        reexecuted,
+        unavailable: tally.unavailable.load(Ordering::SeqCst),
+        in_progress: tally.in_progress.load(Ordering::SeqCst),
+        deliveries: seen.deliveries.load(Ordering::SeqCst),
+        answered_from_record: seen.answered_from_record.load(Ordering::SeqCst),
+        receiver_duplicates,
+    };
+    eprintln!(
+        "{} replication: {} keys, {} answered before the kill, answers lost {}, re-executions {}, 503s {}, 409s {}; \
+         receiver: {} deliveries, {} answered from its inbox's record, {} duplicate effects",
+        if synchronous { "synchronous" } else { "asynchronous" },
+        plan.keys,
+        figures.answered_before_kill,
+        figures.lost,
+        figures.reexecuted,
+        figures.unavailable,
+        figures.in_progress,
+        figures.deliveries,
+        figures.answered_from_record,
+        figures.receiver_duplicates,
+    );
+    figures
+}
