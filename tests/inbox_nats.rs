@@ -180,6 +180,7 @@ async fn child_consumer_entry() {
     let nats = std::env::var("IDEM_INBOX_NATS").expect("nats");
     match std::env::var("IDEM_INBOX_BACKEND").as_deref() {
         Ok("sqlite") => child::<sqlx::Sqlite>(&mode, &store, &nats).await,
+        Ok("mysql") => child::<sqlx::MySql>(&mode, &store, &nats).await,
         _ => child::<sqlx::Postgres>(&mode, &store, &nats).await,
     }
 }
@@ -479,27 +480,18 @@ async fn unkeyable_messages_poisoned<DB: TestBackend + inbox_support::Effects>(h
 
 /// An `#[idempotent]` function as the consumer's handler: scope is the
 /// [`Consumer`], key the message id, fingerprint the message.
-macro_rules! idempotent_handler {
-    ($name:ident, $conn:ty) => {
-        #[idempotent(scope = "consumer", step = BILL)]
-        async fn $name(
-            tx: &mut $conn,
-            consumer: Consumer,
-            key: IdempotencyKey,
-            #[fingerprint] message: Incoming,
-        ) -> Result<String, Problem> {
-            assert_eq!(consumer.name(), "billing");
-            assert_eq!(key.as_str(), message.id);
-            sqlx::query("INSERT INTO payments (tenant, amount) VALUES ($1, 1)")
-                .bind(&message.id)
-                .execute(&mut *tx)
-                .await?;
-            Ok(format!("billed {}", message.id))
-        }
-    };
+#[idempotent(scope = "consumer", step = BILL)]
+async fn bill_idempotent<DB: TestBackend>(
+    tx: &mut DB::Connection,
+    consumer: Consumer,
+    key: IdempotencyKey,
+    #[fingerprint] message: Incoming,
+) -> Result<String, Problem> {
+    assert_eq!(consumer.name(), "billing");
+    assert_eq!(key.as_str(), message.id);
+    DB::insert_payment(tx, &message.id, 1).await?;
+    Ok(format!("billed {}", message.id))
 }
-idempotent_handler!(bill_sqlite, sqlx::SqliteConnection);
-idempotent_handler!(bill_postgres, sqlx::PgConnection);
 
 /// The same message twice through an `#[idempotent]` handler: one effect,
 /// the second delivery a duplicate.
@@ -547,108 +539,67 @@ async fn idempotent_macro_handler<DB: TestBackend + inbox_support::Effects, F>(
     );
 }
 
-mod sqlite {
-    use super::*;
+macro_rules! inbox_cases {
+    ($module:ident, $db:ty) => {
+        mod $module {
+            use super::*;
 
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn killed_after_commit_then_duplicate() {
-        killed_after_commit(
-            idem_test_support::stores::sqlite(Policy::default()).await,
-            "sqlite",
-        )
-        .await;
-    }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn killed_after_commit_then_duplicate() {
+                killed_after_commit(
+                    idem_test_support::stores::$module(Policy::default()).await,
+                    stringify!($module),
+                )
+                .await;
+            }
 
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn killed_before_commit_then_processed_once() {
-        killed_before_commit(
-            idem_test_support::stores::sqlite(Policy::default()).await,
-            "sqlite",
-        )
-        .await;
-    }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn killed_before_commit_then_processed_once() {
+                killed_before_commit(
+                    idem_test_support::stores::$module(Policy::default()).await,
+                    stringify!($module),
+                )
+                .await;
+            }
 
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn concurrent_deliveries_one_effect() {
-        concurrent_deliveries(idem_test_support::stores::sqlite(Policy::default()).await).await;
-    }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn concurrent_deliveries_one_effect() {
+                concurrent_deliveries(idem_test_support::stores::$module(Policy::default()).await)
+                    .await;
+            }
 
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn poison_terminated_recorded_requeued_processed() {
-        poison_and_requeue(idem_test_support::stores::sqlite(Policy::default()).await).await;
-    }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn poison_terminated_recorded_requeued_processed() {
+                poison_and_requeue(idem_test_support::stores::$module(Policy::default()).await)
+                    .await;
+            }
 
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn unkeyable_messages_are_poisoned() {
-        unkeyable_messages_poisoned(idem_test_support::stores::sqlite(Policy::default()).await)
-            .await;
-    }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn unkeyable_messages_are_poisoned() {
+                unkeyable_messages_poisoned(
+                    idem_test_support::stores::$module(Policy::default()).await,
+                )
+                .await;
+            }
 
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn idempotent_function_as_handler() {
-        idempotent_macro_handler(
-            idem_test_support::stores::sqlite(Policy::default()).await,
-            async |inbox: &Inbox<sqlx::Sqlite>, message: &Incoming| {
-                inbox
-                    .handle_idempotent(message, async |engine, consumer, key, message| {
-                        bill_sqlite(engine, consumer, key, message).await
-                    })
-                    .await
-            },
-        )
-        .await;
-    }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn idempotent_function_as_handler() {
+                idempotent_macro_handler(
+                    idem_test_support::stores::$module(Policy::default()).await,
+                    async |inbox: &Inbox<$db>, message: &Incoming| {
+                        inbox
+                            .handle_idempotent(message, async |engine, consumer, key, message| {
+                                bill_idempotent::<$db>(engine, consumer, key, message).await
+                            })
+                            .await
+                    },
+                )
+                .await;
+            }
+        }
+    };
 }
 
-mod postgres {
-    use super::*;
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn killed_after_commit_then_duplicate() {
-        killed_after_commit(
-            idem_test_support::stores::postgres(Policy::default()).await,
-            "postgres",
-        )
-        .await;
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn killed_before_commit_then_processed_once() {
-        killed_before_commit(
-            idem_test_support::stores::postgres(Policy::default()).await,
-            "postgres",
-        )
-        .await;
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn concurrent_deliveries_one_effect() {
-        concurrent_deliveries(idem_test_support::stores::postgres(Policy::default()).await).await;
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn poison_terminated_recorded_requeued_processed() {
-        poison_and_requeue(idem_test_support::stores::postgres(Policy::default()).await).await;
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn unkeyable_messages_are_poisoned() {
-        unkeyable_messages_poisoned(idem_test_support::stores::postgres(Policy::default()).await)
-            .await;
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn idempotent_function_as_handler() {
-        idempotent_macro_handler(
-            idem_test_support::stores::postgres(Policy::default()).await,
-            async |inbox: &Inbox<sqlx::Postgres>, message: &Incoming| {
-                inbox
-                    .handle_idempotent(message, async |engine, consumer, key, message| {
-                        bill_postgres(engine, consumer, key, message).await
-                    })
-                    .await
-            },
-        )
-        .await;
-    }
-}
+inbox_cases!(sqlite, sqlx::Sqlite);
+inbox_cases!(postgres, sqlx::Postgres);
+inbox_cases!(mysql, sqlx::MySql);

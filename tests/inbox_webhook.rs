@@ -63,10 +63,7 @@ macro_rules! idempotent_hook {
             key: IdempotencyKey,
             #[fingerprint] message: Incoming,
         ) -> Result<String, Problem> {
-            sqlx::query("INSERT INTO payments (tenant, amount) VALUES ($1, 1)")
-                .bind(key.as_str())
-                .execute(&mut *tx)
-                .await?;
+            <$db as TestBackend>::insert_payment(tx, key.as_str(), 1).await?;
             Ok(format!("{} notified of {}", consumer.name(), message.id))
         }
 
@@ -94,6 +91,12 @@ idempotent_hook!(
     macro_hook_postgres,
     sqlx::PgConnection,
     sqlx::Postgres
+);
+idempotent_hook!(
+    notify_mysql,
+    macro_hook_mysql,
+    sqlx::MySqlConnection,
+    sqlx::MySql
 );
 
 struct Server {
@@ -306,6 +309,16 @@ async fn postgres_webhook_receiver() {
     guide_cases(
         idem_test_support::stores::postgres(Policy::default()).await,
         Router::new().route("/hooks/macro", post(macro_hook_postgres)),
+        "/hooks/macro",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mysql_webhook_receiver() {
+    guide_cases(
+        idem_test_support::stores::mysql(Policy::default()).await,
+        Router::new().route("/hooks/macro", post(macro_hook_mysql)),
         "/hooks/macro",
     )
     .await;

@@ -270,7 +270,7 @@ fn check(seen: &Seen, step: &str) {
 }
 
 #[tokio::test]
-async fn every_metric_is_recorded_on_both_backends() {
+async fn every_metric_is_recorded_on_every_backend() {
     let recorder = DebuggingRecorder::new();
     let snapshotter = recorder.snapshotter();
     metrics::set_global_recorder(recorder).expect("the only recorder in this process");
@@ -284,6 +284,11 @@ async fn every_metric_is_recorded_on_both_backends() {
     play(
         idem_test_support::stores::postgres(Policy::default()).await,
         "metrics-postgres.v1",
+    )
+    .await;
+    play(
+        idem_test_support::stores::mysql(Policy::default()).await,
+        "metrics-mysql.v1",
     )
     .await;
 
@@ -306,6 +311,14 @@ async fn every_metric_is_recorded_on_both_backends() {
             &snapshotter,
         )
         .await,
+        play_queues(
+            idem_test_support::stores::mysql(Policy::default()).await,
+            "events-mysql",
+            "ledger-mysql",
+            &mut seen,
+            &snapshotter,
+        )
+        .await,
     ] {
         assert_eq!(pending, 1.0);
         assert!((0.0..60.0).contains(&oldest), "{oldest}");
@@ -314,17 +327,19 @@ async fn every_metric_is_recorded_on_both_backends() {
     absorb(&mut seen, &snapshotter);
     check(&seen, "metrics-sqlite.v1");
     check(&seen, "metrics-postgres.v1");
+    check(&seen, "metrics-mysql.v1");
     assert_eq!(
         seen.counters[&(PURGE_ROWS.to_owned(), vec![])],
-        6,
+        9,
         "{seen:#?}"
     );
     assert_eq!(
         seen.histograms[&(PURGE_DURATION.to_owned(), labels(&[("result", "ok")]))],
-        2,
+        3,
         "{seen:#?}"
     );
 
     check_queues(&seen, "events-sqlite", "ledger-sqlite");
     check_queues(&seen, "events-postgres", "ledger-postgres");
+    check_queues(&seen, "events-mysql", "ledger-mysql");
 }

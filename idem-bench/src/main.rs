@@ -1,6 +1,6 @@
 //! `idem-bench`: idem against the unprotected write and the guide's
-//! hand-written SQL, side by side, in one run, on a throwaway Postgres and a
-//! SQLite file.
+//! hand-written SQL, side by side, in one run, on a throwaway Postgres, a
+//! throwaway MariaDB server and a SQLite file.
 //!
 //! ```text
 //! cargo run --release -p idem-bench -- [--smoke | --quick] [--rounds N] [--ops N]
@@ -20,6 +20,7 @@ mod floors;
 mod growth;
 mod lite;
 mod measure;
+mod my;
 mod netdelay;
 mod outbox;
 mod pg;
@@ -33,7 +34,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use idem_runtime::store::postgres::Pooler;
-use idem_test_support::PgServer;
+use idem_test_support::{MySqlServer, PgServer};
 
 use report::{BackendReport, Report};
 use target::{BenchError, Target};
@@ -164,7 +165,7 @@ fn parse_args() -> Result<Config, BenchError> {
             "--bench" => {} // passed by `cargo bench`
             "-h" | "--help" => {
                 println!(
-                    "idem-bench [--smoke | --quick] [--rounds N] [--ops N] [--growth [--growth-sizes 0,1000000,5000000]] [--floors] [--only postgres|sqlite|outbox] [--scenarios idem,seed-sql,...] [--clients 1,8,32] [--out FILE.json] [--svg FILE.svg] [--md FILE.md] [--database-url URL [--setup-url URL] [--pooler session|transaction]]"
+                    "idem-bench [--smoke | --quick] [--rounds N] [--ops N] [--growth [--growth-sizes 0,1000000,5000000]] [--floors] [--only postgres|mysql|sqlite|outbox] [--scenarios idem,seed-sql,...] [--clients 1,8,32] [--out FILE.json] [--svg FILE.svg] [--md FILE.md] [--database-url URL [--setup-url URL] [--pooler session|transaction]]"
                 );
                 std::process::exit(0);
             }
@@ -283,6 +284,15 @@ async fn run(cfg: Config) -> Result<Report, BenchError> {
     } else {
         None
     };
+    let mysql = if wants("mysql") || wants("outbox") {
+        Some(MySqlServer::start_with(my::SETTINGS).map_err(|e| format!("starting MySQL: {e}"))?)
+    } else {
+        None
+    };
+    if let (true, Some(server)) = (wants("mysql"), &mysql) {
+        let my = my::My::setup(server, connections).await?;
+        backends.push(backend(Arc::new(my), &cfg, &scenarios, &run_id).await?);
+    }
     let dir = tempfile::Builder::new().prefix("idem-bench-").tempdir()?;
     if wants("sqlite") {
         let lite = lite::Lite::setup(&dir.path().join("bench.db"), connections).await?;
@@ -310,10 +320,11 @@ async fn run(cfg: Config) -> Result<Report, BenchError> {
         None => None,
     };
 
-    let outbox = if wants("outbox") {
-        Some(outbox_scenarios(&cfg, &server, &dir, connections, &run_id).await?)
-    } else {
-        None
+    let outbox = match &mysql {
+        Some(mysql) if wants("outbox") => {
+            Some(outbox_scenarios(&cfg, &server, mysql, &dir, connections, &run_id).await?)
+        }
+        _ => None,
     };
 
     let ratios = report::ratios(&backends, &cfg.clients);
@@ -366,12 +377,13 @@ async fn given_database(
     })
 }
 
-/// The outbox scenarios: enqueue cost on both backends, then, with a
+/// The outbox scenarios: enqueue cost on each backend, then, with a
 /// `nats-server` of our own, relay throughput and latency on a fresh
 /// Postgres outbox.
 async fn outbox_scenarios(
     cfg: &Config,
     server: &PgServer,
+    mysql: &MySqlServer,
     dir: &tempfile::TempDir,
     connections: u32,
     run_id: &str,
@@ -382,6 +394,10 @@ async fn outbox_scenarios(
     let pg = pg::Pg::setup(server, connections).await?;
     result.enqueue.push(
         outbox::enqueue_cost("postgres", &pg.engine, clients, cfg.ops, cfg.rounds, run_id).await?,
+    );
+    let my = my::My::setup(mysql, connections).await?;
+    result.enqueue.push(
+        outbox::enqueue_cost("mysql", &my.engine, clients, cfg.ops, cfg.rounds, run_id).await?,
     );
     let lite = lite::Lite::setup(&dir.path().join("outbox.db"), connections).await?;
     result.enqueue.push(

@@ -95,6 +95,7 @@ pub fn ratios(backends: &[BackendReport], clients: &[usize]) -> Vec<Ratio> {
             // SQLite groups concurrent claims into one commit, so there it
             // is expected to beat the writes that commit one at a time.
             let sqlite = b.backend == "sqlite";
+            let mysql = b.backend == "mysql";
             let unprotected_target = match (sqlite, c) {
                 (_, 0..=7) => None,
                 (true, 8..=31) => Some(2.0),
@@ -110,6 +111,7 @@ pub fn ratios(backends: &[BackendReport], clients: &[usize]) -> Vec<Ratio> {
             let fresh_target = match (sqlite, c) {
                 (true, 0..=7) => 0.95,
                 (true, _) => 2.0,
+                (false, _) if mysql => 1.1,
                 (false, _) => 1.15,
             };
             push("idem / seed-sql", "idem", "seed-sql", Some(fresh_target));

@@ -40,6 +40,11 @@ impl ClaimConnection for sqlx::PgConnection {
     type Database = sqlx::Postgres;
 }
 
+#[cfg(feature = "mysql")]
+impl ClaimConnection for sqlx::MySqlConnection {
+    type Database = sqlx::MySql;
+}
+
 /// The name of a declared step, for `step = CONST`.
 pub const fn step_name(step: Step) -> &'static str {
     step.name()

@@ -40,7 +40,7 @@ pub mod stores;
 pub use backend::TestBackend;
 pub use captured::Captured;
 pub use harness::{charge, child_entry, operation, Harness, BATCH_CHILD_CHARGES};
-pub use mysql_server::{mysql, MySqlServer};
+pub use mysql_server::{mysql, MySqlServer, MYSQL_FAST_SETTINGS};
 pub use pgbouncer_server::{PgBouncer, PoolMode};
 pub use postgres_server::{postgres, postgres_tool, PgServer, FAST_SETTINGS};
 pub use process::{free_port, is_root, run};

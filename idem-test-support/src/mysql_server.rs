@@ -28,6 +28,13 @@ pub struct MySqlServer {
     root: Option<PathBuf>,
 }
 
+/// Settings for a test server: fast, not durable (tests kill clients, not
+/// the server).
+pub const MYSQL_FAST_SETTINGS: &[(&str, &str)] = &[
+    ("innodb-flush-log-at-trx-commit", "0"),
+    ("innodb-doublewrite", "0"),
+];
+
 static SHARED: OnceLock<MySqlServer> = OnceLock::new();
 static NEXT_DB: AtomicU32 = AtomicU32::new(0);
 
@@ -55,9 +62,25 @@ impl MySqlServer {
         }
     }
 
-    /// Starts a new MariaDB server in a temporary directory on a free
-    /// loopback port; returns once it accepts connections.
+    /// Starts a new MariaDB server with [`MYSQL_FAST_SETTINGS`]; see
+    /// [`MySqlServer::start_with`].
     pub fn start() -> Result<Self, String> {
+        Self::start_with(MYSQL_FAST_SETTINGS)
+    }
+
+    /// Starts a new MariaDB server in a temporary directory on a free
+    /// loopback port, with each `(name, value)` of `settings` given as
+    /// `--name=value`; returns once it accepts connections.
+    ///
+    /// ```no_run
+    /// // Durable, as the server ships: every commit flushed to disk.
+    /// let server = idem_test_support::MySqlServer::start_with(&[
+    ///     ("innodb-flush-log-at-trx-commit", "1"),
+    /// ])
+    /// .unwrap();
+    /// # drop(server);
+    /// ```
+    pub fn start_with(settings: &[(&str, &str)]) -> Result<Self, String> {
         let install =
             find_binary("mariadb-install-db").ok_or("mariadb-install-db was not found")?;
         let server = find_binary("mariadbd").ok_or("mariadbd was not found")?;
@@ -99,12 +122,13 @@ impl MySqlServer {
                 "--skip-name-resolve",
                 "--skip-log-bin",
                 "--max-connections=500",
-                // Fast, not durable: tests kill clients, not the server.
-                "--innodb-flush-log-at-trx-commit=0",
-                "--sync-binlog=0",
-                "--innodb-doublewrite=0",
                 "--character-set-server=utf8mb4",
             ])
+            .args(
+                settings
+                    .iter()
+                    .map(|(name, value)| format!("--{name}={value}")),
+            )
             .stdin(Stdio::null())
             .stdout(log)
             .stderr(log_err)

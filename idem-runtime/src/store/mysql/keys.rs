@@ -102,16 +102,19 @@ const INSERT_COMPLETED_IF_ABSENT: &str = concat!(
     " ON DUPLICATE KEY UPDATE scope = scope"
 );
 
-/// The completed record, replacing the claim's own row or an expired or
-/// taken-over one. `VALUES(col)`: the form MariaDB and MySQL 8 both accept.
-const UPSERT_COMPLETED: &str = concat!(
-    insert_completed!(),
-    " ON DUPLICATE KEY UPDATE step = VALUES(step), fingerprint = VALUES(fingerprint), \
-       status = 'completed', response_status = VALUES(response_status), \
-       response_content_type = VALUES(response_content_type), response_body = VALUES(response_body), \
-       response_headers = VALUES(response_headers), claim_token = NULL, \
-       created_at = VALUES(created_at), locked_until = VALUES(locked_until), \
-       expires_at = VALUES(expires_at)"
+/// The completed record over the row the claim holds (its own `in_progress`
+/// row, or an expired or taken-over record it locked): an update of that
+/// row, cheaper in InnoDB than an upsert meeting its duplicate.
+const REPLACE_COMPLETED: &str = concat!(
+    "UPDATE idempotency_keys SET step = ?, fingerprint = ?, status = 'completed', \
+       response_status = ?, response_content_type = ?, response_body = ?, response_headers = ?, \
+       claim_token = NULL, created_at = ",
+    now_ms!(),
+    ", locked_until = ",
+    now_ms!(),
+    ", expires_at = ",
+    now_ms!(),
+    " + ? WHERE scope = ? AND `key` = ?"
 );
 
 const UPSERT_IN_PROGRESS: &str = concat!(
@@ -234,12 +237,26 @@ impl Keys for MySql {
         policy: &'a Policy,
         replace: bool,
     ) -> Result<(), sqlx::Error> {
-        let sql = if replace {
-            UPSERT_COMPLETED
-        } else {
-            INSERT_COMPLETED
-        };
-        bind_completed(sql, op, response, policy.retention)
+        if replace {
+            // The pool's sessions report matched rows (sqlx sets
+            // CLIENT_FOUND_ROWS): 0 means no row was there to replace.
+            let replaced = sqlx::query(REPLACE_COMPLETED)
+                .bind(op.step)
+                .bind(&op.fingerprint.0[..])
+                .bind(i64::from(response.status))
+                .bind(&response.content_type)
+                .bind(&response.body)
+                .bind(encode_headers(&response.headers))
+                .bind(millis(policy.retention))
+                .bind(op.scope.as_stored())
+                .bind(op.key.as_str())
+                .execute(&mut *conn)
+                .await?;
+            if replaced.rows_affected() == 1 {
+                return Ok(());
+            }
+        }
+        bind_completed(INSERT_COMPLETED, op, response, policy.retention)
             .execute(conn)
             .await
             .map(drop)
