@@ -1,5 +1,5 @@
 //! Retried requests made safe: idempotency keys with claim, commit and replay,
-//! on SQLite and Postgres.
+//! on SQLite, Postgres and MySQL.
 //!
 //! Three pieces:
 //!

@@ -150,6 +150,20 @@ async fn ack_pending(consumer: &mut PullConsumer) -> usize {
         .num_ack_pending
 }
 
+/// The consumer's pending acks once the runner's acks have reached the
+/// server (an ack is sent without waiting for the server's reply), or what
+/// is still pending after 5 s.
+async fn settled(consumer: &mut PullConsumer) -> usize {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let pending = ack_pending(consumer).await;
+        if pending == 0 || Instant::now() >= deadline {
+            return pending;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// Runs this test binary's `child_consumer_entry` as a consumer process
 /// that dies at `mode`, and returns whether it died abnormally.
 fn run_child(mode: &str, backend: &str, store_url: &str, nats_url: &str) -> bool {
@@ -249,11 +263,7 @@ async fn killed_after_commit<DB: TestBackend + inbox_support::Effects>(
         1,
         "the redelivery did no work"
     );
-    assert_eq!(
-        ack_pending(&mut consumer).await,
-        0,
-        "the duplicate was acked"
-    );
+    assert_eq!(settled(&mut consumer).await, 0, "the duplicate was acked");
 }
 
 /// (8) Killed before the commit: the redelivery processes it, once.
@@ -279,7 +289,7 @@ async fn killed_before_commit<DB: TestBackend + inbox_support::Effects>(
     .await;
     assert_eq!(report.duplicates, 0);
     assert_eq!(effects(&h, "order-2").await, 1);
-    assert_eq!(ack_pending(&mut consumer).await, 0);
+    assert_eq!(settled(&mut consumer).await, 0);
     // Nothing comes back.
     let later = runner.poll(&bill).await.expect("poll");
     assert_eq!(later.total(), 0);
@@ -378,11 +388,7 @@ async fn poison_and_requeue<DB: TestBackend + inbox_support::Effects>(h: Harness
         "order-5 failed once transiently first: {report:?}"
     );
     assert_eq!(h.payments().await, 0);
-    assert_eq!(
-        ack_pending(&mut consumer).await,
-        0,
-        "terminated, not pending"
-    );
+    assert_eq!(settled(&mut consumer).await, 0, "terminated, not pending");
 
     let poisoned = inbox.poisoned().await.expect("poisoned");
     let ids: Vec<&str> = poisoned.iter().map(|p| p.message_id.as_str()).collect();
@@ -434,7 +440,7 @@ async fn poison_and_requeue<DB: TestBackend + inbox_support::Effects>(h: Harness
     // Requeueing a message that is not poisoned is a clear error.
     let error = inbox.requeue("order-6").await.expect_err("not poisoned");
     assert!(error.to_string().contains("no poisoned message"), "{error}");
-    assert_eq!(ack_pending(&mut consumer).await, 0);
+    assert_eq!(settled(&mut consumer).await, 0);
 }
 
 /// Messages the inbox cannot key are never processed blind: one without
@@ -462,7 +468,7 @@ async fn unkeyable_messages_poisoned<DB: TestBackend + inbox_support::Effects>(h
     assert_eq!(report.poisoned, 1, "{report:?}");
     assert_eq!(effects(&h, "order-10").await, 1);
     assert_eq!(h.payments().await, 1);
-    assert_eq!(ack_pending(&mut consumer).await, 0);
+    assert_eq!(settled(&mut consumer).await, 0);
 
     let poisoned = runner.inbox().poisoned().await.expect("poisoned");
     let error_of = |id: &str| {

@@ -23,7 +23,7 @@ use idem::outbox::{
 use idem::signature::{unix_now, SigningSecret};
 use idem::Backend;
 use idem::{Engine, IdempotencyKey, Operation, Problem, Scope};
-use sqlx::{Postgres, Sqlite};
+use sqlx::{MySql, Postgres, Sqlite};
 
 idem::steps! {
     const NOTIFY = "notify-order.v1";
@@ -188,6 +188,13 @@ async fn postgres() -> (String, Engine<Postgres>) {
     (url, engine)
 }
 
+async fn mysql() -> (String, Engine<MySql>) {
+    let url = idem_test_support::mysql().fresh_database().await;
+    let engine = Engine::<MySql>::connect_mysql(&url).await.unwrap();
+    engine.migrate().await.unwrap();
+    (url, engine)
+}
+
 fn key(text: &str) -> IdempotencyKey {
     IdempotencyKey::new(text).unwrap()
 }
@@ -295,6 +302,9 @@ async fn relay_child_entry() {
         .map(|name| name.parse().unwrap());
     if let Some(path) = url.strip_prefix("sqlite://") {
         let engine = Engine::<Sqlite>::open_sqlite(path).await.unwrap();
+        child_relay(engine, lease, fault).await;
+    } else if url.starts_with("mysql://") {
+        let engine = Engine::<MySql>::connect_mysql(&url).await.unwrap();
         child_relay(engine, lease, fault).await;
     } else {
         let engine = Engine::<Postgres>::connect_postgres(&url).await.unwrap();
@@ -503,6 +513,12 @@ async fn postgres_enqueue_is_once_per_id() {
     enqueue_is_once_per_id(engine).await;
 }
 
+#[tokio::test]
+async fn mysql_enqueue_is_once_per_id() {
+    let (_url, engine) = mysql().await;
+    enqueue_is_once_per_id(engine).await;
+}
+
 /// Two transactions enqueuing one id at once: the second waits for the
 /// first and writes nothing.
 #[tokio::test]
@@ -582,6 +598,12 @@ async fn postgres_relay_killed_after_publish_makes_one_effect() {
     killed_after_publish(&url, engine).await;
 }
 
+#[tokio::test]
+async fn mysql_relay_killed_after_publish_makes_one_effect() {
+    let (url, engine) = mysql().await;
+    killed_after_publish(&url, engine).await;
+}
+
 // ---------------------------------------------------------------------------
 // (2) Killed before publishing: delivered once the lease expires.
 
@@ -621,6 +643,12 @@ async fn sqlite_relay_killed_before_publish_delivers_after_the_lease() {
 #[tokio::test]
 async fn postgres_relay_killed_before_publish_delivers_after_the_lease() {
     let (url, engine) = postgres().await;
+    killed_before_publish(&url, engine).await;
+}
+
+#[tokio::test]
+async fn mysql_relay_killed_before_publish_delivers_after_the_lease() {
+    let (url, engine) = mysql().await;
     killed_before_publish(&url, engine).await;
 }
 
@@ -664,8 +692,7 @@ fn assert_once_each_in_order(receiver: &Receiver) {
     }
 }
 
-async fn in_process_relays(relays: usize) {
-    let (_url, engine) = postgres().await;
+async fn in_process_relays<DB: Backend>(engine: Engine<DB>, relays: usize) {
     let receiver = Receiver::start().await;
     enqueue_ordered(&engine, &receiver).await;
     let mut handles = Vec::new();
@@ -692,12 +719,17 @@ async fn in_process_relays(relays: usize) {
 
 #[tokio::test]
 async fn postgres_one_relay_publishes_each_message_once_in_key_order() {
-    in_process_relays(1).await;
+    in_process_relays(postgres().await.1, 1).await;
 }
 
 #[tokio::test]
 async fn postgres_eight_relays_publish_each_message_once_in_key_order() {
-    in_process_relays(8).await;
+    in_process_relays(postgres().await.1, 8).await;
+}
+
+#[tokio::test]
+async fn mysql_eight_relays_publish_each_message_once_in_key_order() {
+    in_process_relays(mysql().await.1, 8).await;
 }
 
 async fn relay_processes(url: &str, engine: &Engine<impl Backend>, receiver: &Receiver) {
@@ -728,6 +760,14 @@ async fn sqlite_four_relay_processes_publish_each_message_once_in_key_order() {
 #[tokio::test]
 async fn postgres_four_relay_processes_publish_each_message_once_in_key_order() {
     let (url, engine) = postgres().await;
+    let receiver = Receiver::start().await;
+    enqueue_ordered(&engine, &receiver).await;
+    relay_processes(&url, &engine, &receiver).await;
+}
+
+#[tokio::test]
+async fn mysql_four_relay_processes_publish_each_message_once_in_key_order() {
+    let (url, engine) = mysql().await;
     let receiver = Receiver::start().await;
     enqueue_ordered(&engine, &receiver).await;
     relay_processes(&url, &engine, &receiver).await;
@@ -788,6 +828,12 @@ async fn sqlite_stale_relay_is_fenced() {
 #[tokio::test]
 async fn postgres_stale_relay_is_fenced() {
     let (_url, engine) = postgres().await;
+    stale_relay_is_fenced(engine).await;
+}
+
+#[tokio::test]
+async fn mysql_stale_relay_is_fenced() {
+    let (_url, engine) = mysql().await;
     stale_relay_is_fenced(engine).await;
 }
 
@@ -905,6 +951,12 @@ async fn sqlite_receiver_down_then_dead_then_requeued() {
 #[tokio::test]
 async fn postgres_receiver_down_then_dead_then_requeued() {
     let (_url, engine) = postgres().await;
+    receiver_down_then_requeued(engine).await;
+}
+
+#[tokio::test]
+async fn mysql_receiver_down_then_dead_then_requeued() {
+    let (_url, engine) = mysql().await;
     receiver_down_then_requeued(engine).await;
 }
 

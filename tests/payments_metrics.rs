@@ -120,3 +120,9 @@ async fn postgres_metrics_are_scraped() {
     let url = idem_test_support::postgres().fresh_database().await;
     scrape_after_known_requests(&url).await;
 }
+
+#[tokio::test]
+async fn mysql_metrics_are_scraped() {
+    let url = idem_test_support::mysql().fresh_database().await;
+    scrape_after_known_requests(&url).await;
+}

@@ -184,3 +184,25 @@ async fn unmigrated_postgres_says_migrate_first() {
         .unwrap();
     expect_migrate_first(&registry::validate(&engine).await.unwrap_err());
 }
+
+#[tokio::test]
+async fn against_mysql() {
+    let url = idem_test_support::mysql().fresh_database().await;
+    let engine = idem::Engine::<idem::sqlx::MySql>::connect_mysql(&url)
+        .await
+        .unwrap();
+    engine.migrate().await.unwrap();
+    leave_key(&engine, "refund.v1").await;
+    leave_key(&engine, "charge-card.v1").await;
+    let errors = registry::validate(&engine).await.unwrap_err();
+    expect_everything(&errors.problems, true);
+}
+
+#[tokio::test]
+async fn unmigrated_mysql_says_migrate_first() {
+    let url = idem_test_support::mysql().fresh_database().await;
+    let engine = idem::Engine::<idem::sqlx::MySql>::connect_mysql(&url)
+        .await
+        .unwrap();
+    expect_migrate_first(&registry::validate(&engine).await.unwrap_err());
+}

@@ -12,7 +12,7 @@ use idem_runtime::outbox::{self, Delivered, InProcessSink, Message, Relay, SinkE
 use idem_runtime::Backend;
 use idem_runtime::{Engine, IdempotencyKey, Operation, Problem, Scope, Step};
 use serde_json::Value;
-use sqlx::{Postgres, Sqlite};
+use sqlx::{MySql, Postgres, Sqlite};
 
 const TENANT: &str = "shop-1";
 const ORDER_KEY: &str = "key-ord-2001";
@@ -136,8 +136,16 @@ async fn locations(kind: &str) -> (Vec<tempfile::TempDir>, String, String) {
             let ledger = dir.path().join("ledger.db").display().to_string();
             (vec![dir], orders, ledger)
         }
-        _ => {
+        "postgres" => {
             let server = idem_test_support::postgres();
+            (
+                Vec::new(),
+                server.fresh_database().await,
+                server.fresh_database().await,
+            )
+        }
+        _ => {
+            let server = idem_test_support::mysql();
             (
                 Vec::new(),
                 server.fresh_database().await,
@@ -159,11 +167,18 @@ async fn fill(kind: &str, orders: &str, ledger: &str) -> Ids {
         let downstream = Engine::<Sqlite>::open_sqlite(ledger).await.unwrap();
         consume(&downstream, &ids.audit).await;
         ids
-    } else {
+    } else if kind == "postgres" {
         let engine = Engine::<Postgres>::connect_postgres(orders).await.unwrap();
         let ids = place(&engine).await;
         deliver(&engine).await;
         let downstream = Engine::<Postgres>::connect_postgres(ledger).await.unwrap();
+        consume(&downstream, &ids.audit).await;
+        ids
+    } else {
+        let engine = Engine::<MySql>::connect_mysql(orders).await.unwrap();
+        let ids = place(&engine).await;
+        deliver(&engine).await;
+        let downstream = Engine::<MySql>::connect_mysql(ledger).await.unwrap();
         consume(&downstream, &ids.audit).await;
         ids
     }
@@ -172,8 +187,10 @@ async fn fill(kind: &str, orders: &str, ledger: &str) -> Ids {
 async fn redeliver(kind: &str, orders: &str) {
     if kind == "sqlite" {
         deliver(&Engine::<Sqlite>::open_sqlite(orders).await.unwrap()).await;
-    } else {
+    } else if kind == "postgres" {
         deliver(&Engine::<Postgres>::connect_postgres(orders).await.unwrap()).await;
+    } else {
+        deliver(&Engine::<MySql>::connect_mysql(orders).await.unwrap()).await;
     }
 }
 
@@ -434,4 +451,9 @@ async fn sqlite_outbox_and_inbox_commands() {
 #[tokio::test]
 async fn postgres_outbox_and_inbox_commands() {
     outbox_and_inbox_commands("postgres").await;
+}
+
+#[tokio::test]
+async fn mysql_outbox_and_inbox_commands() {
+    outbox_and_inbox_commands("mysql").await;
 }

@@ -319,11 +319,12 @@ pub fn problems(
 }
 
 /// Whether `error` says a table does not exist: the database was never
-/// migrated (SQLite's "no such table", Postgres's `42P01`).
+/// migrated (SQLite's "no such table", Postgres's `42P01`, MySQL's `42S02`).
 fn is_missing_table(error: &sqlx::Error) -> bool {
     match error {
         sqlx::Error::Database(db) => {
-            db.code().as_deref() == Some("42P01") || db.message().contains("no such table")
+            matches!(db.code().as_deref(), Some("42P01" | "42S02"))
+                || db.message().contains("no such table")
         }
         _ => false,
     }

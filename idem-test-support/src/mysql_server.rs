@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use sqlx::{Connection, Executor, MySqlConnection};
 
-use crate::process::{free_port, run};
+use crate::process::{database_url, free_port, run};
 
 /// A running MariaDB (or MySQL) server.
 #[derive(Debug)]
@@ -151,20 +151,7 @@ impl MySqlServer {
     /// The server's URL for database `name` (replacing any database the base
     /// URL names).
     pub fn url(&self, name: &str) -> String {
-        let (base, query) = match self.base_url.split_once('?') {
-            Some((base, query)) => (base, Some(query)),
-            None => (self.base_url.as_str(), None),
-        };
-        let authority = base.find("://").map_or(0, |i| i + 3);
-        let path = base[authority..]
-            .find('/')
-            .map_or(base.len(), |i| authority + i);
-        let mut url = format!("{}/{name}", &base[..path]);
-        if let Some(query) = query {
-            url.push('?');
-            url.push_str(query);
-        }
-        url
+        database_url(&self.base_url, name)
     }
 
     /// Creates a new, empty database and returns its URL.

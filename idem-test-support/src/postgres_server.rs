@@ -12,7 +12,7 @@ use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::OnceLock;
 
-use crate::process::{free_port, is_root, run};
+use crate::process::{database_url, free_port, is_root, run};
 use sqlx::{Connection, Executor, PgConnection};
 
 /// Settings for a test cluster: fast, not durable (tests kill clients, not the server).
@@ -204,20 +204,7 @@ impl PgServer {
 
     /// The server's URL for database `name` (replacing any database the base URL names).
     pub fn url(&self, name: &str) -> String {
-        let (base, query) = match self.base_url.split_once('?') {
-            Some((base, query)) => (base, Some(query)),
-            None => (self.base_url.as_str(), None),
-        };
-        let authority = base.find("://").map_or(0, |i| i + 3);
-        let path = base[authority..]
-            .find('/')
-            .map_or(base.len(), |i| authority + i);
-        let mut url = format!("{}/{name}", &base[..path]);
-        if let Some(query) = query {
-            url.push('?');
-            url.push_str(query);
-        }
-        url
+        database_url(&self.base_url, name)
     }
 
     /// The settings this server was started with (empty for an external server).

@@ -1,5 +1,6 @@
-//! Process helpers the server harnesses share: who runs the tests, a free
-//! loopback port, a command run to completion with its output on failure.
+//! Helpers the server harnesses share: who runs the tests, a free loopback
+//! port, a command run to completion with its output on failure, a
+//! database's URL on a server.
 
 use std::process::{Command, Stdio};
 
@@ -38,4 +39,23 @@ pub fn run(cmd: &mut Command, what: &str) -> Result<(), String> {
             String::from_utf8_lossy(&out.stderr)
         ))
     }
+}
+
+/// `base_url` (a server's URL, with or without a database and a query)
+/// naming database `name` instead, its query kept.
+pub(crate) fn database_url(base_url: &str, name: &str) -> String {
+    let (base, query) = match base_url.split_once('?') {
+        Some((base, query)) => (base, Some(query)),
+        None => (base_url, None),
+    };
+    let authority = base.find("://").map_or(0, |i| i + 3);
+    let path = base[authority..]
+        .find('/')
+        .map_or(base.len(), |i| authority + i);
+    let mut url = format!("{}/{name}", &base[..path]);
+    if let Some(query) = query {
+        url.push('?');
+        url.push_str(query);
+    }
+    url
 }
