@@ -47,6 +47,7 @@ pub mod registry;
 mod replay_cache;
 mod retention;
 mod scope;
+pub mod shard;
 pub mod signature;
 pub mod store;
 #[cfg(feature = "axum")]

@@ -60,6 +60,22 @@ impl Scope {
         let _ = write!(self.stored, "{}:{}", part.len(), part);
     }
 
+    /// The scope's first part: the tenant of a tenant scope, what
+    /// [`crate::shard::Shards`] routes by. Empty for an empty scope.
+    ///
+    /// ```
+    /// use idem_runtime::Scope;
+    /// assert_eq!(Scope::tenant("acme").with_caller("api").first_part(), "acme");
+    /// assert_eq!(Scope::from_parts(["a/1:b"]).first_part(), "a/1:b");
+    /// ```
+    pub fn first_part(&self) -> &str {
+        let Some((len, rest)) = self.stored.split_once(':') else {
+            return "";
+        };
+        let len: usize = len.parse().unwrap_or(0);
+        rest.get(..len).unwrap_or(rest)
+    }
+
     /// The scope as stored in the `scope` column.
     pub fn as_stored(&self) -> &str {
         &self.stored

@@ -1,0 +1,211 @@
+//! Stores sharded by tenant: one [`Engine`] per database, a [`Router`] that
+//! says which database a tenant's rows live on.
+//!
+//! A tenant's key records, outbox messages and inbox records live on the
+//! shard where its business rows live, so a claim and the business write
+//! stay one local transaction. [`Shards::engine`] picks the engine for an
+//! operation's scope (its first part, the tenant); handlers written for one
+//! [`Engine`] run unchanged on the engine it returns.
+//!
+//! ```no_run
+//! # async fn demo(urls: [&str; 3]) -> Result<(), Box<dyn std::error::Error>> {
+//! use idem_runtime::shard::{HashRouter, Shards};
+//! use idem_runtime::{Engine, IdempotencyKey, Operation, Scope};
+//! let mut engines = Vec::new();
+//! for url in urls {
+//!     engines.push(Engine::<sqlx::Postgres>::connect_postgres(url).await?);
+//! }
+//! let shards = Shards::new(engines, HashRouter);
+//! shards.migrate().await?;
+//! let op = Operation::new(Scope::tenant("acme"), IdempotencyKey::new("k-1")?, "charge.v1", &25);
+//! let engine = shards.engine(op.scope()).await?;
+//! let done = engine.run(&op, async |_tx| Ok::<_, idem_runtime::Problem>(1)).await?;
+//! # let _ = done; Ok(()) }
+//! ```
+
+use std::future::Future;
+use std::time::Duration;
+
+use crate::{Backend, Engine, IdemError, Purger, Scope};
+use sha2::{Digest, Sha256};
+
+/// Says which shard holds a tenant's rows.
+pub trait Router: Send + Sync + 'static {
+    /// The index (below `shards`) of the shard that holds `tenant`.
+    fn shard_of<'a>(
+        &'a self,
+        tenant: &'a str,
+        shards: usize,
+    ) -> impl Future<Output = Result<usize, sqlx::Error>> + Send + 'a;
+}
+
+/// The default route: the first 8 bytes of the tenant's SHA-256, modulo the
+/// number of shards. Stable across processes, builds and Rust versions; a
+/// change in the number of shards moves tenants, so grow with a
+/// [`DirectoryRouter`].
+///
+/// ```
+/// use idem_runtime::shard::HashRouter;
+/// assert_eq!(HashRouter::index("acme", 3), HashRouter::index("acme", 3));
+/// assert!(HashRouter::index("acme", 3) < 3);
+/// ```
+#[derive(Debug, Clone, Copy, Default)]
+pub struct HashRouter;
+
+impl HashRouter {
+    /// The shard of `tenant` among `shards` (at least one).
+    pub fn index(tenant: &str, shards: usize) -> usize {
+        let digest = Sha256::digest(tenant.as_bytes());
+        let mut first = [0u8; 8];
+        first.copy_from_slice(&digest[..8]);
+        (u64::from_be_bytes(first) % shards.max(1) as u64) as usize
+    }
+}
+
+impl Router for HashRouter {
+    async fn shard_of<'a>(&'a self, tenant: &'a str, shards: usize) -> Result<usize, sqlx::Error> {
+        Ok(Self::index(tenant, shards))
+    }
+}
+
+/// A route kept in a directory table on Postgres, `idem_tenant_shards
+/// (tenant text PRIMARY KEY, shard int)`, on a database of its own (or any
+/// shard): tenants listed there go to their shard, the others where
+/// [`HashRouter`] puts them. Each lookup reads the table, so a tenant moved
+/// by updating its row is routed to the new shard by the next request.
+#[cfg(feature = "postgres")]
+#[derive(Debug, Clone)]
+pub struct DirectoryRouter {
+    pool: sqlx::PgPool,
+}
+
+#[cfg(feature = "postgres")]
+impl DirectoryRouter {
+    /// The directory table's definition, for [`DirectoryRouter::create_table`].
+    pub const TABLE: &'static str = "CREATE TABLE IF NOT EXISTS idem_tenant_shards \
+         (tenant text PRIMARY KEY, shard int NOT NULL CHECK (shard >= 0))";
+
+    /// A router reading the directory on `pool`.
+    pub fn new(pool: sqlx::PgPool) -> Self {
+        Self { pool }
+    }
+
+    /// Creates the directory table if it is missing.
+    pub async fn create_table(&self) -> Result<(), sqlx::Error> {
+        sqlx::query(Self::TABLE).execute(&self.pool).await.map(drop)
+    }
+
+    /// Routes `tenant` to `shard` from the next lookup on.
+    pub async fn assign(&self, tenant: &str, shard: usize) -> Result<(), sqlx::Error> {
+        sqlx::query(
+            "INSERT INTO idem_tenant_shards (tenant, shard) VALUES ($1, $2) \
+             ON CONFLICT (tenant) DO UPDATE SET shard = EXCLUDED.shard",
+        )
+        .bind(tenant)
+        .bind(shard as i32)
+        .execute(&self.pool)
+        .await
+        .map(drop)
+    }
+}
+
+#[cfg(feature = "postgres")]
+impl Router for DirectoryRouter {
+    async fn shard_of<'a>(&'a self, tenant: &'a str, shards: usize) -> Result<usize, sqlx::Error> {
+        let listed: Option<i32> =
+            sqlx::query_scalar("SELECT shard FROM idem_tenant_shards WHERE tenant = $1")
+                .bind(tenant)
+                .fetch_optional(&self.pool)
+                .await?;
+        match listed {
+            Some(shard) if (shard as usize) < shards => Ok(shard as usize),
+            Some(shard) => Err(sqlx::Error::Protocol(format!(
+                "idem_tenant_shards routes tenant {tenant:?} to shard {shard}, and there are {shards}"
+            ))),
+            None => Ok(HashRouter::index(tenant, shards)),
+        }
+    }
+}
+
+/// One engine per shard and the router between them.
+pub struct Shards<DB: Backend, R: Router = HashRouter> {
+    engines: Vec<Engine<DB>>,
+    router: R,
+}
+
+impl<DB: Backend, R: Router + Clone> Clone for Shards<DB, R> {
+    fn clone(&self) -> Self {
+        Self {
+            engines: self.engines.clone(),
+            router: self.router.clone(),
+        }
+    }
+}
+
+impl<DB: Backend, R: Router + std::fmt::Debug> std::fmt::Debug for Shards<DB, R> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shards")
+            .field("shards", &self.engines.len())
+            .field("router", &self.router)
+            .finish()
+    }
+}
+
+impl<DB: Backend, R: Router> Shards<DB, R> {
+    /// The shards, in the order the router's indexes name them.
+    ///
+    /// # Panics
+    ///
+    /// If `engines` is empty.
+    pub fn new(engines: Vec<Engine<DB>>, router: R) -> Self {
+        assert!(!engines.is_empty(), "Shards::new needs at least one engine");
+        Self { engines, router }
+    }
+
+    /// Every shard's engine, by index.
+    pub fn engines(&self) -> &[Engine<DB>] {
+        &self.engines
+    }
+
+    /// The router.
+    pub fn router(&self) -> &R {
+        &self.router
+    }
+
+    /// The index of the shard that holds `scope`'s tenant (its first part).
+    pub async fn index(&self, scope: &Scope) -> Result<usize, IdemError> {
+        self.router
+            .shard_of(scope.first_part(), self.engines.len())
+            .await
+            .map_err(|source| IdemError::Unavailable {
+                retry_after: self.engines[0]
+                    .policy()
+                    .unavailable_retry_after
+                    .max(Duration::from_secs(1)),
+                source,
+            })
+    }
+
+    /// The engine of the shard that holds `scope`'s tenant: claims, the
+    /// work's transaction and replays for that scope run there. A router
+    /// that cannot answer (its directory down) is a store error: 503.
+    pub async fn engine(&self, scope: &Scope) -> Result<&Engine<DB>, IdemError> {
+        Ok(&self.engines[self.index(scope).await?])
+    }
+
+    /// Runs idem's migrations on every shard, in order.
+    pub async fn migrate(&self) -> Result<(), sqlx::migrate::MigrateError> {
+        for engine in &self.engines {
+            engine.migrate().await?;
+        }
+        Ok(())
+    }
+
+    /// One purger per shard ([`Engine::spawn_purger`]).
+    pub fn spawn_purgers(&self, every: Duration, batch: u32) -> Vec<Purger> {
+        self.engines
+            .iter()
+            .map(|engine| engine.spawn_purger(every, batch))
+            .collect()
+    }
+}
