@@ -912,7 +912,7 @@ fn conflict(policy: &Policy, source: sqlx::Error) -> IdemError {
 /// A store error as the engine answers it: a conflict with a concurrent
 /// transaction ([`crate::is_conflict`]) is [`IdemError::Conflict`], anything
 /// else the store being unavailable. Both are a 503 with `Retry-After`.
-fn unavailable(policy: &Policy, source: sqlx::Error) -> IdemError {
+pub(crate) fn unavailable(policy: &Policy, source: sqlx::Error) -> IdemError {
     if crate::error::is_conflict(&source) {
         return conflict(policy, source);
     }

@@ -26,6 +26,7 @@
 use std::future::Future;
 use std::time::Duration;
 
+use crate::engine::unavailable;
 use crate::{Backend, Engine, IdemError, Purger, Scope};
 use sha2::{Digest, Sha256};
 
@@ -177,13 +178,7 @@ impl<DB: Backend, R: Router> Shards<DB, R> {
         self.router
             .shard_of(scope.first_part(), self.engines.len())
             .await
-            .map_err(|source| IdemError::Unavailable {
-                retry_after: self.engines[0]
-                    .policy()
-                    .unavailable_retry_after
-                    .max(Duration::from_secs(1)),
-                source,
-            })
+            .map_err(|source| unavailable(self.engines[0].policy(), source))
     }
 
     /// The engine of the shard that holds `scope`'s tenant: claims, the
