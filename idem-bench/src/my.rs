@@ -3,7 +3,6 @@
 use idem_runtime::store::mysql::pool_options;
 use idem_runtime::{Engine, IdemError, Policy, Problem, Via};
 use idem_test_support::MySqlServer;
-use sqlx::mysql::MySqlDatabaseError;
 use sqlx::{MySql, MySqlPool};
 
 use crate::charge::{
@@ -51,9 +50,6 @@ const SAME_WRITES_KEY: &str =
     "INSERT INTO idempotency_keys (scope, `key`, step, fingerprint, status, \
      response_status, response_content_type, response_body, created_at, locked_until, expires_at) \
      VALUES ('tenant:floor', ?, ?, ?, 'completed', 200, 'application/json', '{}', 0, 0, 86400000)";
-
-/// MySQL's duplicate-key error number.
-const ER_DUP_ENTRY: u16 = 1062;
 
 /// A database on the throwaway server, with its pool and engines.
 #[derive(Clone)]
@@ -203,11 +199,7 @@ async fn seed(pool: MySqlPool, key: String, replay: bool) -> Result<(), BenchErr
         .await;
     match claimed {
         Ok(_) => {}
-        Err(sqlx::Error::Database(error))
-            if error
-                .try_downcast_ref::<MySqlDatabaseError>()
-                .is_some_and(|e| e.number() == ER_DUP_ENTRY) =>
-        {
+        Err(sqlx::Error::Database(error)) if error.is_unique_violation() => {
             tx.rollback().await?;
             if !replay {
                 return Err(format!("seed-sql: key {key} was not fresh").into());
