@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use sqlx::{Connection, Executor, MySqlConnection};
 
-use crate::process::{database_url, free_port, run};
+use crate::process::{database_url, free_port, run, server_dir};
 
 /// A running MariaDB (or MySQL) server.
 #[derive(Debug)]
@@ -84,11 +84,10 @@ impl MySqlServer {
         let install =
             find_binary("mariadb-install-db").ok_or("mariadb-install-db was not found")?;
         let server = find_binary("mariadbd").ok_or("mariadbd was not found")?;
-        let root = tempfile::Builder::new()
-            .prefix("idem-mysql-")
-            .tempdir()
-            .map_err(|e| format!("temp dir: {e}"))?
-            .keep();
+        let durable = settings
+            .iter()
+            .all(|&(name, value)| name != "innodb-flush-log-at-trx-commit" || value == "1");
+        let root = server_dir("idem-mysql-", durable)?;
         let data = root.join("data");
         let user = current_user();
         run(

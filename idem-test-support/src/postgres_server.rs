@@ -12,7 +12,7 @@ use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::OnceLock;
 
-use crate::process::{database_url, free_port, is_root, run};
+use crate::process::{database_url, free_port, is_root, run, server_dir};
 use sqlx::{Connection, Executor, PgConnection};
 
 /// Settings for a test cluster: fast, not durable (tests kill clients, not the server).
@@ -80,11 +80,8 @@ impl PgServer {
     /// Starts a new cluster with the given `postgresql.conf` settings.
     pub fn start(settings: &[(&str, &str)]) -> Result<Self, String> {
         let bin = find_bin_dir().ok_or("initdb and pg_ctl were not found")?;
-        let root = tempfile::Builder::new()
-            .prefix("idem-pg-")
-            .tempdir()
-            .map_err(|e| format!("temp dir: {e}"))?
-            .keep();
+        let durable = !settings.contains(&("fsync", "off"));
+        let root = server_dir("idem-pg-", durable)?;
         let data = root.join("data");
         let as_root = is_root();
         if as_root {

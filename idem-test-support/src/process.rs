@@ -1,7 +1,8 @@
-//! Helpers the server harnesses share: who runs the tests, a free loopback
-//! port, a command run to completion with its output on failure, a
-//! database's URL on a server.
+//! Helpers the server harnesses share: who runs the tests, where a server
+//! keeps its data, a free loopback port, a command run to completion with its
+//! output on failure, a database's URL on a server.
 
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 /// Whether the tests run as root: then the servers run as the `postgres`
@@ -12,6 +13,29 @@ pub fn is_root() -> bool {
         .output()
         .map(|out| String::from_utf8_lossy(&out.stdout).trim() == "0")
         .unwrap_or(false)
+}
+
+/// A new directory, named `prefix…`, for a throwaway server's data, socket
+/// and log; it outlives this call (the server's watchdog removes it).
+///
+/// A server that does not flush to disk anyway (`durable == false`: the
+/// suite's, with fsync off) keeps it in memory, under `/dev/shm` when the
+/// machine has it, so that the suite's many short-lived servers do not queue
+/// behind the disk; a durable server (the benchmark's, whose flushes are what
+/// it measures) under the system's temporary directory.
+/// `IDEM_TEST_SERVER_DIR` names the parent for both.
+pub(crate) fn server_dir(prefix: &str, durable: bool) -> Result<PathBuf, String> {
+    let memory = Path::new("/dev/shm");
+    let parent = match std::env::var_os("IDEM_TEST_SERVER_DIR") {
+        Some(dir) => PathBuf::from(dir),
+        None if !durable && memory.is_dir() => memory.to_path_buf(),
+        None => std::env::temp_dir(),
+    };
+    tempfile::Builder::new()
+        .prefix(prefix)
+        .tempdir_in(&parent)
+        .map(tempfile::TempDir::keep)
+        .map_err(|e| format!("a directory under {}: {e}", parent.display()))
 }
 
 /// A free TCP port on 127.0.0.1 (free when asked: bind it soon).

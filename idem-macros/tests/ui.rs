@@ -3,8 +3,9 @@
 //! The compile-fail cases are trybuild cases, checked in one batch in a nested
 //! cargo project under `target/tests/trybuild` (`cargo check --bins
 //! --keep-going`: no code generation, one cargo run for all of them). Refresh
-//! their `.stderr` files with `TRYBUILD=overwrite cargo test -p idem --test ui`
-//! and review the diff like code.
+//! their `.stderr` files with `TRYBUILD=overwrite cargo test -p idem-macros --test ui`
+//! and review the diff like code. They live in the macro crate so that the
+//! nested project builds only its few dev-dependencies.
 //!
 //! The pass cases are compiled into this test crate instead, one module each,
 //! and their `main` runs: they share the build of the other tests, where a
