@@ -240,14 +240,14 @@ impl TenantMove {
         &self,
         shards: &Shards<Postgres, DirectoryRouter>,
     ) -> Result<Moved, MoveError> {
-        let pools: Vec<&PgPool> = shards.engines().iter().map(|e| e.pool()).collect();
+        let pools: Vec<PgPool> = shards.engines().iter().map(|e| e.pool().clone()).collect();
         if self.to >= pools.len() {
             return Err(MoveError::ShardOutOfRange {
                 shard: self.to,
                 shards: pools.len(),
             });
         }
-        let directory = shards.router().pool();
+        let directory = shards.router().pool().clone();
         // One move of the tenant at a time: a session lock on the directory,
         // released when this connection closes.
         let mut guard = directory.acquire().await?.detach();
@@ -259,12 +259,12 @@ impl TenantMove {
         if !running {
             return Err(MoveError::MoveRunning(self.tenant.clone()));
         }
-        let result = self.run_locked(directory, &pools).await;
+        let result = self.run_locked(&directory, &pools).await;
         let _ = guard.close().await;
         result
     }
 
-    async fn run_locked(&self, directory: &PgPool, pools: &[&PgPool]) -> Result<Moved, MoveError> {
+    async fn run_locked(&self, directory: &PgPool, pools: &[PgPool]) -> Result<Moved, MoveError> {
         let row: Option<(i32, Option<i32>, Option<i32>)> = sqlx::query_as(
             "SELECT shard, moving_to, moved_from FROM idem_tenant_shards WHERE tenant = $1",
         )
@@ -274,7 +274,7 @@ impl TenantMove {
         let from = match row {
             Some((shard, _, Some(moved_from))) => {
                 // A flipped move whose source was not cleaned: finish it.
-                self.delete_from_source(directory, pools[moved_from as usize])
+                self.delete_from_source(directory, &pools[moved_from as usize])
                     .await?;
                 if shard as usize == self.to {
                     return Ok(Moved {
@@ -311,10 +311,10 @@ impl TenantMove {
                 already_there: true,
             });
         }
-        if row.is_none() && !self.has_rows(pools[from]).await? {
+        if row.is_none() && !self.has_rows(&pools[from]).await? {
             return Err(MoveError::UnknownTenant(self.tenant.clone()));
         }
-        let (source, target) = (pools[from], pools[self.to]);
+        let (source, target) = (&pools[from], &pools[self.to]);
 
         // 1. The route: every new request of the tenant is a 503.
         sqlx::query(
@@ -531,7 +531,7 @@ async fn install_fence(pool: &PgPool) -> Result<(), sqlx::Error> {
         .bind(MOVE_LOCK_CLASS)
         .execute(&mut *tx)
         .await?;
-    sqlx::raw_sql(FENCE_SCHEMA).execute(&mut *tx).await?;
+    sqlx::Executor::execute(&mut *tx, FENCE_SCHEMA).await?;
     tx.commit().await
 }
 
