@@ -1,5 +1,5 @@
-//! Crash points for fault-injection tests, for the claim's request path and
-//! the outbox relay alike.
+//! Crash points for fault-injection tests, for the claim's request path, the
+//! outbox relay and a tenant's move between shards alike.
 //!
 //! A test names a point; the service calls [`abort_at`] at each point of its
 //! request path (the relay at each of its own), and the process dies there
