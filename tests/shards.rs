@@ -1,13 +1,22 @@
 //! Stores sharded by tenant, on three real Postgres servers: each tenant's
 //! key records and business rows on its own shard, duplicates executed once
 //! per key across the shards, replays from the tenant's shard, and a
-//! directory that routes a listed tenant and fails closed when it cannot.
+//! directory that routes a listed tenant and fails closed when it cannot;
+//! a tenant moved between shards: its completed keys replayed from the
+//! new shard, a claim in flight during the move refused and its retry run
+//! once, its outbox messages delivered once by a relay per shard, and the
+//! other tenants of its shard served meanwhile.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
-use idem_runtime::shard::{DirectoryRouter, HashRouter, Router, Shards};
-use idem_runtime::{Engine, IdemError, IdempotencyKey, Operation, Problem, Scope, Via};
+use idem_runtime::outbox::{self, Delivered, InProcessSink, Message, Relay};
+use idem_runtime::shard::{
+    DirectoryRouter, HashRouter, MoveError, Moved, Router, Shards, TenantMove,
+};
+use idem_runtime::{Engine, IdemError, IdempotencyKey, Operation, Problem, Scope, Step, Via};
 use idem_test_support::{PgServer, FAST_SETTINGS};
 use sqlx::{PgPool, Postgres};
 
@@ -198,4 +207,360 @@ async fn a_directory_routes_listed_tenants_and_fails_closed() {
         Err(IdemError::Unavailable { .. })
     ));
     assert_eq!(executed.load(Ordering::SeqCst), 1);
+}
+
+// ---------------------------------------------------------------------------
+// Moving a tenant between shards (TenantMove).
+
+const NOTIFY: Step = Step::new("notify.v1");
+
+/// Three shards routed by a directory kept on shard 0's database, with
+/// `tenants` listed on shard 0.
+async fn directory_shards(tenants: &[&str]) -> (Vec<PgServer>, Shards<Postgres, DirectoryRouter>) {
+    let (servers, engines) = three_shards().await;
+    let directory = DirectoryRouter::new(engines[0].pool().clone());
+    directory.create_table().await.unwrap();
+    let shards = Shards::new(engines, directory.clone());
+    shards.migrate().await.unwrap();
+    for tenant in tenants {
+        directory.assign(tenant, 0).await.unwrap();
+    }
+    (servers, shards)
+}
+
+/// [`pay`], the work also enqueuing one message (scoped to the tenant) for
+/// the in-process sink `events`.
+async fn pay_and_notify<R: Router>(
+    shards: &Shards<Postgres, R>,
+    op: &Operation,
+    executed: &AtomicUsize,
+) -> Result<(String, Via), IdemError> {
+    let engine = shards.engine(op.scope()).await?;
+    let tenant = op.scope().first_part().to_owned();
+    let message = Message::to("events", "ledger")
+        .body("text/plain", op.key().as_str().as_bytes().to_vec())
+        .for_step(op.key(), NOTIFY)
+        .scope(op.scope());
+    let done = engine
+        .run(op, async |tx| {
+            executed.fetch_add(1, Ordering::SeqCst);
+            sqlx::query("INSERT INTO payments (tenant, amount) VALUES ($1, 2500)")
+                .bind(&tenant)
+                .execute(&mut *tx)
+                .await?;
+            outbox::enqueue(&mut *tx, &message)
+                .await
+                .map_err(|e| Problem::new(500, "enqueue failed").with_detail(e.to_string()))?;
+            Ok::<_, Problem>(tenant.clone())
+        })
+        .await?;
+    Ok((done.value.expect("the payment"), done.via))
+}
+
+/// The tenant's rows on each shard: (key records, outbox messages not sent,
+/// outbox messages sent).
+async fn rows_by_shard<R: Router>(
+    shards: &Shards<Postgres, R>,
+    tenant: &str,
+) -> Vec<(i64, i64, i64)> {
+    let scope = Scope::tenant(tenant);
+    let mut rows = Vec::new();
+    for engine in shards.engines() {
+        let pool = engine.pool();
+        rows.push((
+            count(
+                pool,
+                "SELECT count(*) FROM idempotency_keys WHERE scope = $1",
+                scope.as_stored(),
+            )
+            .await,
+            count(
+                pool,
+                "SELECT count(*) FROM idem_outbox WHERE scope = $1 AND state <> 'sent'",
+                scope.as_stored(),
+            )
+            .await,
+            count(
+                pool,
+                "SELECT count(*) FROM idem_outbox WHERE scope = $1 AND state = 'sent'",
+                scope.as_stored(),
+            )
+            .await,
+        ));
+    }
+    rows
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_moved_tenant_replays_from_its_new_shard() {
+    let (_servers, shards) = directory_shards(&["acme", "globex"]).await;
+    let executed = AtomicUsize::new(0);
+    let keys: Vec<String> = (0..5).map(|i| format!("k-{i}")).collect();
+    for key in &keys {
+        pay_and_notify(&shards, &charge("acme", key), &executed)
+            .await
+            .unwrap();
+    }
+    pay(&shards, &charge("globex", "k-0"), &executed)
+        .await
+        .unwrap();
+    let bodies_before: Vec<Vec<u8>> = sqlx::query_scalar(
+        "SELECT response_body FROM idempotency_keys WHERE scope = $1 ORDER BY key",
+    )
+    .bind(Scope::tenant("acme").as_stored())
+    .fetch_all(shards.engines()[0].pool())
+    .await
+    .unwrap();
+
+    let moved = TenantMove::new("acme", 2).run(&shards).await.unwrap();
+    assert_eq!(
+        moved,
+        Moved {
+            from: 0,
+            to: 2,
+            keys: 5,
+            messages: 5,
+            already_there: false
+        }
+    );
+    assert_eq!(shards.index(&Scope::tenant("acme")).await.unwrap(), 2);
+    assert_eq!(
+        rows_by_shard(&shards, "acme").await,
+        vec![(0, 0, 0), (0, 0, 0), (5, 5, 0)]
+    );
+    let bodies_after: Vec<Vec<u8>> = sqlx::query_scalar(
+        "SELECT response_body FROM idempotency_keys WHERE scope = $1 ORDER BY key",
+    )
+    .bind(Scope::tenant("acme").as_stored())
+    .fetch_all(shards.engines()[2].pool())
+    .await
+    .unwrap();
+    assert_eq!(
+        bodies_after, bodies_before,
+        "the stored responses byte for byte"
+    );
+
+    // Retries replay from the target; nothing runs again.
+    for key in &keys {
+        let (answer, via) = pay_and_notify(&shards, &charge("acme", key), &executed)
+            .await
+            .unwrap();
+        assert_eq!((answer.as_str(), via), ("acme", Via::Replayed));
+    }
+    assert_eq!(executed.load(Ordering::SeqCst), 6);
+    // A new key runs on the target; globex stays on shard 0, served.
+    pay(&shards, &charge("acme", "k-new"), &executed)
+        .await
+        .unwrap();
+    let (_, via) = pay(&shards, &charge("globex", "k-0"), &executed)
+        .await
+        .unwrap();
+    assert_eq!(via, Via::Replayed);
+    assert_eq!(
+        count(
+            shards.engines()[2].pool(),
+            "SELECT count(*) FROM payments WHERE tenant = $1",
+            "acme"
+        )
+        .await,
+        1
+    );
+
+    // Running the move again does nothing; a shard out of range is refused.
+    let again = TenantMove::new("acme", 2).run(&shards).await.unwrap();
+    assert!(again.already_there);
+    assert!(matches!(
+        TenantMove::new("acme", 3).run(&shards).await,
+        Err(MoveError::ShardOutOfRange {
+            shard: 3,
+            shards: 3
+        })
+    ));
+    assert!(matches!(
+        TenantMove::new("nobody", 1).run(&shards).await,
+        Err(MoveError::UnknownTenant(_))
+    ));
+
+    // A late request that routed to the old shard before the flip is
+    // refused there by the fence, not run.
+    let late = shards.engines()[0]
+        .run(&charge("acme", "k-late"), async |_tx| Ok::<_, Problem>(1))
+        .await;
+    match late {
+        Err(error @ IdemError::Unavailable { .. }) => assert_eq!(error.http_status(), 503),
+        other => panic!("expected a 503 from the old shard, got {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_in_flight_claim_during_a_move_is_refused_and_its_retry_runs_once() {
+    let (_servers, shards) = directory_shards(&["acme", "globex"]).await;
+    let shards = Arc::new(shards);
+    let executed = Arc::new(AtomicUsize::new(0));
+    pay(&shards, &charge("acme", "before"), &executed)
+        .await
+        .unwrap();
+    // A message of the tenant a relay holds a lease on for 2 s more: the
+    // move waits for that lease to end before it copies, which keeps the
+    // tenant fenced long enough to be seen so.
+    pay_and_notify(&shards, &charge("acme", "leased"), &executed)
+        .await
+        .unwrap();
+    sqlx::query(
+        "UPDATE idem_outbox SET lease_until = now() + interval '2 seconds', \
+         lease_owner = 'another-relay', lease_token = lease_token + 1 WHERE scope = $1",
+    )
+    .bind(Scope::tenant("acme").as_stored())
+    .execute(shards.engines()[0].pool())
+    .await
+    .unwrap();
+
+    // A claim routed to shard 0 whose work is still running when the move starts.
+    let release = Arc::new(tokio::sync::Notify::new());
+    let started = Arc::new(tokio::sync::Notify::new());
+    let in_flight = {
+        let (shards, executed, release, started) = (
+            shards.clone(),
+            executed.clone(),
+            release.clone(),
+            started.clone(),
+        );
+        tokio::spawn(async move {
+            let engine = shards.engine(&Scope::tenant("acme")).await.unwrap();
+            engine
+                .run(&charge("acme", "in-flight"), async |tx| {
+                    executed.fetch_add(1, Ordering::SeqCst);
+                    sqlx::query("INSERT INTO payments (tenant, amount) VALUES ('acme', 2500)")
+                        .execute(&mut *tx)
+                        .await?;
+                    started.notify_one();
+                    release.notified().await;
+                    Ok::<_, Problem>(1)
+                })
+                .await
+        })
+    };
+    started.notified().await;
+    let mover = {
+        let shards = shards.clone();
+        tokio::spawn(async move { TenantMove::new("acme", 1).run(&shards).await })
+    };
+    // While it moves, the tenant is a 503; globex on the same shard is served.
+    loop {
+        let moving: Option<i32> =
+            sqlx::query_scalar("SELECT moving_to FROM idem_tenant_shards WHERE tenant = 'acme'")
+                .fetch_one(shards.router().pool())
+                .await
+                .unwrap();
+        if moving == Some(1) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    match pay(&shards, &charge("acme", "during"), &executed).await {
+        Err(error @ IdemError::Unavailable { .. }) => assert_eq!(error.http_status(), 503),
+        other => panic!("a claim ran while its tenant was moving: {other:?}"),
+    }
+    for i in 0..5 {
+        let (_, via) = pay(&shards, &charge("globex", &format!("g-{i}")), &executed)
+            .await
+            .unwrap();
+        assert_eq!(via, Via::Executed);
+    }
+    release.notify_one();
+    match in_flight.await.unwrap() {
+        Err(error @ IdemError::Unavailable { .. }) => assert_eq!(error.http_status(), 503),
+        other => panic!("the in-flight claim committed on the old shard: {other:?}"),
+    }
+    let moved = mover.await.unwrap().unwrap();
+    assert_eq!(
+        (moved.from, moved.to, moved.keys, moved.messages),
+        (0, 1, 2, 1)
+    );
+
+    // The retry runs once, on the new shard; the next replays.
+    let before = executed.load(Ordering::SeqCst);
+    let (_, via) = pay(&shards, &charge("acme", "in-flight"), &executed)
+        .await
+        .unwrap();
+    assert_eq!(via, Via::Executed);
+    let (_, via) = pay(&shards, &charge("acme", "in-flight"), &executed)
+        .await
+        .unwrap();
+    assert_eq!(via, Via::Replayed);
+    assert_eq!(executed.load(Ordering::SeqCst), before + 1);
+    let payments = |index: usize| {
+        count(
+            shards.engines()[index].pool(),
+            "SELECT count(*) FROM payments WHERE tenant = $1",
+            "acme",
+        )
+    };
+    // Shard 0 keeps the business rows of the keys completed before the move
+    // (business rows are the service's to move); the refused claim left none.
+    assert_eq!((payments(0).await, payments(1).await), (2, 1));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn outbox_messages_are_delivered_once_across_a_move() {
+    let (_servers, shards) = directory_shards(&["acme"]).await;
+    let executed = AtomicUsize::new(0);
+    const MESSAGES: usize = 40;
+    for i in 0..MESSAGES {
+        pay_and_notify(&shards, &charge("acme", &format!("m-{i}")), &executed)
+            .await
+            .unwrap();
+    }
+    // A relay per shard, delivering slowly, so the move meets messages
+    // that are leased, delivered and pending.
+    let deliveries: Arc<Mutex<HashMap<String, usize>>> = Arc::default();
+    let mut relays = Vec::new();
+    for engine in shards.engines() {
+        let deliveries = deliveries.clone();
+        let sink = InProcessSink::new("events", move |message| {
+            let deliveries = deliveries.clone();
+            async move {
+                tokio::time::sleep(Duration::from_millis(15)).await;
+                *deliveries.lock().unwrap().entry(message.id).or_default() += 1;
+                Ok(Delivered::Published { receipt: None })
+            }
+        });
+        let relay = Relay::new(engine)
+            .sink(sink)
+            .poll_interval(Duration::from_millis(50))
+            .spawn()
+            .await
+            .unwrap();
+        relays.push(relay);
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let moved = TenantMove::new("acme", 2).run(&shards).await.unwrap();
+    assert_eq!((moved.from, moved.to), (0, 2));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while deliveries.lock().unwrap().len() < MESSAGES {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "messages still undelivered"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for relay in relays {
+        relay.shutdown().await;
+    }
+    let deliveries = deliveries.lock().unwrap().clone();
+    assert_eq!(deliveries.len(), MESSAGES);
+    assert!(
+        deliveries.values().all(|&n| n == 1),
+        "a message delivered twice: {deliveries:?}"
+    );
+    let rows = rows_by_shard(&shards, "acme").await;
+    // Sent before the move: kept on shard 0 until purged; the rest sent from shard 2.
+    assert_eq!((rows[0].1, rows[1], rows[2].1), (0, (0, 0, 0), 0));
+    assert_eq!(rows[0].2 + rows[2].2, MESSAGES as i64, "{rows:?}");
+    assert_eq!(rows[2].0, MESSAGES as i64);
+    assert_eq!(
+        moved.messages as i64, rows[2].2,
+        "every copied message sent once, from the target"
+    );
 }

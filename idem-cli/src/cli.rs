@@ -5,7 +5,8 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 use crate::queues::{InboxCommand, OutboxCommand};
-use crate::{exit, inspect, keys, migrate, queues, steps};
+use crate::tenant::TenantCommand;
+use crate::{exit, inspect, keys, migrate, queues, steps, tenant};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -14,7 +15,8 @@ use crate::{exit, inspect, keys, migrate, queues, steps};
     about = "Inspect, clean and migrate idem's idempotency key stores (SQLite files, postgres:// and mysql:// URLs).",
     after_help = "Exit codes: 0 ok; 1 found something (in progress or missing records, pending \
                   migrations, live keys of undeclared steps, dead or blocked outbox messages, \
-                  poisoned inbox messages, nothing to requeue or skip); 2 usage; 3 store \
+                  poisoned inbox messages, nothing to requeue or skip, a tenant move that must \
+                  be run again); 2 usage; 3 store \
                   unreachable or failing."
 )]
 struct Cli {
@@ -48,6 +50,9 @@ enum Command {
     /// The idempotent consumers' poisoned messages.
     #[command(subcommand)]
     Inbox(InboxCommand),
+    /// Tenants on Postgres shards: move one to another shard.
+    #[command(subcommand)]
+    Tenant(TenantCommand),
 }
 
 /// Parses the command line, runs the command, and returns the exit status.
@@ -66,5 +71,6 @@ async fn run(cli: &Cli) -> Result<u8, exit::Failure> {
         Command::Steps(args) => steps::run(cli.json, args).await,
         Command::Outbox(command) => queues::run_outbox(cli.json, cli.show_keys, command).await,
         Command::Inbox(command) => queues::run_inbox(cli.json, command).await,
+        Command::Tenant(command) => tenant::run(cli.json, command).await,
     }
 }

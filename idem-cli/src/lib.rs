@@ -16,6 +16,7 @@
 //! idem outbox skip    --store URL --id MESSAGE [--yes]
 //! idem inbox poison   --store URL [--consumer C] [--limit N]
 //! idem inbox requeue  --store URL --consumer C --id MESSAGE
+//! idem tenant move    --tenant T --to INDEX --directory URL --shard URL ... [--lease-wait 30s]
 //! ```
 //!
 //! A store is `NAME=URL` or just a URL: `postgres://…` (or `postgresql://…`),
@@ -27,7 +28,10 @@
 //! Exit codes: 0 done, nothing to report; 1 found something (a record in
 //! progress or missing, pending migrations, live keys of an undeclared step,
 //! no record to show or delete, dead or blocked outbox messages or one older
-//! than `--max-age`, poisoned inbox messages, nothing to requeue or skip); 2 usage error; 3 a store could not be opened
+//! than `--max-age`, poisoned inbox messages, nothing to requeue or skip, a tenant move that must
+//! be run again: a relay still leasing its messages, or another move of it
+//! running); 2 usage error (a bad URL, a shard out of range, an unknown
+//! tenant); 3 a store could not be opened
 //! or queried.
 
 //!
@@ -44,5 +48,6 @@ mod output;
 mod queues;
 pub mod steps;
 pub mod store;
+mod tenant;
 
 pub use cli::main;

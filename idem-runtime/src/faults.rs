@@ -1,5 +1,5 @@
-//! Crash points for fault-injection tests, for the claim's request path and
-//! the outbox relay alike.
+//! Crash points for fault-injection tests, for the claim's request path, the
+//! outbox relay and a tenant's move between shards alike.
 //!
 //! A test names a point; the service calls [`abort_at`] at each point of its
 //! request path (the relay at each of its own), and the process dies there
@@ -37,13 +37,27 @@ pub enum FaultPoint {
     /// After the sink acknowledged, the relay pauses this long before marking
     /// the row sent, as a stalled process would (`relay-stall-after-publish:<ms>`).
     RelayStallAfterPublish(Duration),
+    /// A tenant move ([`crate::shard::TenantMove`]) fenced the tenant on its
+    /// source shard; nothing copied yet.
+    TenantMoveAfterFence,
+    /// A tenant move copied the tenant's records to the target shard; the
+    /// route not flipped yet.
+    TenantMoveAfterCopy,
+    /// A tenant move flipped the route to the target shard; the source's
+    /// copies not deleted yet.
+    TenantMoveAfterFlip,
+    /// A tenant move deleted the source's copies; the directory row's
+    /// record of the move not cleared yet.
+    TenantMoveAfterDelete,
 }
 
 impl FaultPoint {
     /// The point's name: `after-claim`, `after-business-write`,
     /// `after-commit`, `batch-before-commit`, `batch-after-commit`, `relay-before-publish`, `relay-after-publish`,
     /// `relay-stall-after-publish` (written with its pause,
-    /// `relay-stall-after-publish:<ms>`).
+    /// `relay-stall-after-publish:<ms>`), `tenant-move-after-fence`,
+    /// `tenant-move-after-copy`, `tenant-move-after-flip`,
+    /// `tenant-move-after-delete`.
     pub fn name(self) -> &'static str {
         match self {
             FaultPoint::AfterClaim => "after-claim",
@@ -54,6 +68,10 @@ impl FaultPoint {
             FaultPoint::RelayBeforePublish => "relay-before-publish",
             FaultPoint::RelayAfterPublish => "relay-after-publish",
             FaultPoint::RelayStallAfterPublish(_) => "relay-stall-after-publish",
+            FaultPoint::TenantMoveAfterFence => "tenant-move-after-fence",
+            FaultPoint::TenantMoveAfterCopy => "tenant-move-after-copy",
+            FaultPoint::TenantMoveAfterFlip => "tenant-move-after-flip",
+            FaultPoint::TenantMoveAfterDelete => "tenant-move-after-delete",
         }
     }
 }
@@ -73,7 +91,9 @@ impl fmt::Display for FaultPoint {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
     "unknown fault point {0:?}; use after-claim, after-business-write, after-commit, \
-     batch-before-commit, batch-after-commit, relay-before-publish, relay-after-publish or relay-stall-after-publish:<ms>"
+     batch-before-commit, batch-after-commit, relay-before-publish, relay-after-publish, \
+     relay-stall-after-publish:<ms>, tenant-move-after-fence, tenant-move-after-copy, \
+     tenant-move-after-flip or tenant-move-after-delete"
 )]
 pub struct UnknownFaultPoint(pub String);
 
@@ -87,6 +107,10 @@ impl FromStr for FaultPoint {
     ///     "relay-stall-after-publish:250".parse(),
     ///     Ok(FaultPoint::RelayStallAfterPublish(std::time::Duration::from_millis(250)))
     /// );
+    /// assert_eq!(
+    ///     "tenant-move-after-copy".parse(),
+    ///     Ok(FaultPoint::TenantMoveAfterCopy)
+    /// );
     /// assert!("later".parse::<FaultPoint>().is_err());
     /// ```
     fn from_str(s: &str) -> Result<Self, Self::Err> {
@@ -98,6 +122,10 @@ impl FromStr for FaultPoint {
             "batch-after-commit" => Ok(FaultPoint::BatchAfterCommit),
             "relay-before-publish" => Ok(FaultPoint::RelayBeforePublish),
             "relay-after-publish" => Ok(FaultPoint::RelayAfterPublish),
+            "tenant-move-after-fence" => Ok(FaultPoint::TenantMoveAfterFence),
+            "tenant-move-after-copy" => Ok(FaultPoint::TenantMoveAfterCopy),
+            "tenant-move-after-flip" => Ok(FaultPoint::TenantMoveAfterFlip),
+            "tenant-move-after-delete" => Ok(FaultPoint::TenantMoveAfterDelete),
             other => other
                 .strip_prefix("relay-stall-after-publish:")
                 .and_then(|ms| ms.parse().ok())

@@ -30,6 +30,11 @@ use crate::engine::unavailable;
 use crate::{Backend, Engine, IdemError, Purger, Scope};
 use sha2::{Digest, Sha256};
 
+#[cfg(feature = "postgres")]
+mod tenant_move;
+#[cfg(feature = "postgres")]
+pub use tenant_move::{MoveError, Moved, TenantMove, FENCED};
+
 /// Says which shard holds a tenant's rows.
 pub trait Router: Send + Sync + 'static {
     /// The index (below `shards`) of the shard that holds `tenant`.
@@ -70,10 +75,13 @@ impl Router for HashRouter {
 }
 
 /// A route kept in a directory table on Postgres, `idem_tenant_shards
-/// (tenant text PRIMARY KEY, shard int)`, on a database of its own (or any
-/// shard): tenants listed there go to their shard, the others where
-/// [`HashRouter`] puts them. Each lookup reads the table, so a tenant moved
-/// by updating its row is routed to the new shard by the next request.
+/// (tenant text PRIMARY KEY, shard int, moving_to int, moved_from int)`, on
+/// a database of its own (or any shard): tenants listed there go to their
+/// shard, the others where [`HashRouter`] puts them. Each lookup reads the
+/// table, so a tenant moved by updating its row is routed to the new shard
+/// by the next request. A tenant whose row has `moving_to` set is being
+/// moved by a [`TenantMove`]: its lookups fail, which [`Shards::engine`]
+/// answers with a 503 and `Retry-After`.
 #[cfg(feature = "postgres")]
 #[derive(Debug, Clone)]
 pub struct DirectoryRouter {
@@ -91,9 +99,26 @@ impl DirectoryRouter {
         Self { pool }
     }
 
-    /// Creates the directory table if it is missing.
+    /// The columns a [`TenantMove`] records its progress in, added to a
+    /// directory table created before moves existed.
+    pub const MOVE_COLUMNS: &'static str = "ALTER TABLE idem_tenant_shards \
+         ADD COLUMN IF NOT EXISTS moving_to int CHECK (moving_to >= 0), \
+         ADD COLUMN IF NOT EXISTS moved_from int CHECK (moved_from >= 0)";
+
+    /// Creates the directory table if it is missing, and adds the columns
+    /// of [`DirectoryRouter::MOVE_COLUMNS`] to one that lacks them. Routing
+    /// works on a table without them; a [`TenantMove`] needs them.
     pub async fn create_table(&self) -> Result<(), sqlx::Error> {
-        sqlx::query(Self::TABLE).execute(&self.pool).await.map(drop)
+        sqlx::query(Self::TABLE).execute(&self.pool).await?;
+        sqlx::query(Self::MOVE_COLUMNS)
+            .execute(&self.pool)
+            .await
+            .map(drop)
+    }
+
+    /// The pool the directory is read on.
+    pub fn pool(&self) -> &sqlx::PgPool {
+        &self.pool
     }
 
     /// Routes `tenant` to `shard` from the next lookup on.
@@ -113,14 +138,21 @@ impl DirectoryRouter {
 #[cfg(feature = "postgres")]
 impl Router for DirectoryRouter {
     async fn shard_of<'a>(&'a self, tenant: &'a str, shards: usize) -> Result<usize, sqlx::Error> {
-        let listed: Option<i32> =
-            sqlx::query_scalar("SELECT shard FROM idem_tenant_shards WHERE tenant = $1")
-                .bind(tenant)
-                .fetch_optional(&self.pool)
-                .await?;
+        // `moving_to` read from the row as JSON: a table created before
+        // moves existed, without the column, routes as it did.
+        let listed: Option<(i32, Option<i32>)> = sqlx::query_as(
+            "SELECT shard, (to_jsonb(t) ->> 'moving_to')::int4 FROM idem_tenant_shards t \
+             WHERE tenant = $1",
+        )
+        .bind(tenant)
+        .fetch_optional(&self.pool)
+        .await?;
         match listed {
-            Some(shard) if (shard as usize) < shards => Ok(shard as usize),
-            Some(shard) => Err(sqlx::Error::Protocol(format!(
+            Some((_, Some(moving_to))) => Err(sqlx::Error::Protocol(format!(
+                "tenant {tenant:?} is moving to shard {moving_to}; retry once the move is done"
+            ))),
+            Some((shard, None)) if (shard as usize) < shards => Ok(shard as usize),
+            Some((shard, None)) => Err(sqlx::Error::Protocol(format!(
                 "idem_tenant_shards routes tenant {tenant:?} to shard {shard}, and there are {shards}"
             ))),
             None => Ok(HashRouter::index(tenant, shards)),
