@@ -467,6 +467,29 @@ async fn an_in_flight_claim_during_a_move_is_refused_and_its_retry_runs_once() {
             .unwrap();
         assert_eq!(via, Via::Executed);
     }
+    // The source's fence is in place before the in-flight work ends: its
+    // record is refused there (one that committed before the fence would
+    // have been copied instead).
+    loop {
+        let source = shards.engines()[0].pool();
+        let fences: Option<String> =
+            sqlx::query_scalar("SELECT to_regclass('idem_tenant_fences')::text")
+                .fetch_one(source)
+                .await
+                .unwrap();
+        if fences.is_some()
+            && count(
+                source,
+                "SELECT count(*) FROM idem_tenant_fences WHERE tenant = $1",
+                "acme",
+            )
+            .await
+                == 1
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     release.notify_one();
     match in_flight.await.unwrap() {
         Err(error @ IdemError::Unavailable { .. }) => assert_eq!(error.http_status(), 503),

@@ -111,9 +111,15 @@ BEGIN
     RETURN NEW;
 END
 $$;
-CREATE OR REPLACE TRIGGER idem_tenant_fence BEFORE INSERT OR UPDATE ON idempotency_keys
+"#;
+
+/// The fence's triggers. Creating one locks its table against writes until
+/// the transactions writing it end, so they are created once per shard, by
+/// the first move that touches it, and never replaced.
+const FENCE_TRIGGERS: &str = r#"
+CREATE TRIGGER idem_tenant_fence BEFORE INSERT OR UPDATE ON idempotency_keys
     FOR EACH ROW EXECUTE FUNCTION idem_tenant_fence();
-CREATE OR REPLACE TRIGGER idem_tenant_fence BEFORE INSERT ON idem_outbox
+CREATE TRIGGER idem_tenant_fence BEFORE INSERT ON idem_outbox
     FOR EACH ROW EXECUTE FUNCTION idem_tenant_fence();
 "#;
 
@@ -532,6 +538,15 @@ async fn install_fence(pool: &PgPool) -> Result<(), sqlx::Error> {
         .execute(&mut *tx)
         .await?;
     sqlx::Executor::execute(&mut *tx, FENCE_SCHEMA).await?;
+    let installed: bool = sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM pg_trigger \
+         WHERE tgname = 'idem_tenant_fence' AND tgrelid = 'idempotency_keys'::regclass)",
+    )
+    .fetch_one(&mut *tx)
+    .await?;
+    if !installed {
+        sqlx::Executor::execute(&mut *tx, FENCE_TRIGGERS).await?;
+    }
     tx.commit().await
 }
 
