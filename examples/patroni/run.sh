@@ -49,6 +49,14 @@ teardown() {
     for pid in "${pids[@]}"; do
         kill -9 "$pid" 2>/dev/null
     done
+    for _ in $(seq 50); do
+        alive=0
+        for pid in "${pids[@]}"; do
+            kill -0 "$pid" 2>/dev/null && alive=1
+        done
+        [ $alive = 1 ] || break
+        sleep 0.1
+    done
     for node in 1 2; do
         pidfile=$dir/node$node/data/postmaster.pid
         if [ -f "$pidfile" ]; then
@@ -57,7 +65,7 @@ teardown() {
             pkill -9 -P "$pm" 2>/dev/null
         fi
     done
-    wait 2>/dev/null
+    sleep 0.2
     if [ "${KEEP:-}" = 1 ]; then
         echo "logs kept in $dir" >&2
     else
@@ -103,6 +111,7 @@ for i in 0 1 2; do
         --initial-cluster "$initial_cluster" --initial-cluster-state new \
         --initial-cluster-token "idem-$$" >"$dir/etcd$i.log" 2>&1 &
     pids+=($!)
+    disown
 done
 
 wait_for() { # seconds, description, command...
@@ -138,6 +147,7 @@ for node in 1 2; do
         >"$node_dir/patroni.log" 2>&1 &
     pids+=($!)
     patroni_pid+=($!)
+    disown
     # The first node bootstraps the cluster; the second clones it.
     [ $node = 2 ] || wait_for 120 "node1 to lead" curl -fsS "http://127.0.0.1:${rest_port[1]}/primary"
 done
@@ -153,6 +163,7 @@ sed -e "s|@HAPROXY_PORT@|$haproxy_port|" \
     "$here/haproxy.cfg.in" >"$dir/haproxy.cfg"
 haproxy -db -f "$dir/haproxy.cfg" >"$dir/haproxy.log" 2>&1 &
 pids+=($!)
+disown
 wait_for 30 "HAProxy" "$pg_bin/pg_isready" -q -h 127.0.0.1 -p "$haproxy_port" -U postgres
 
 # The leader is node1, its standby node2. Killing the leader's node: its
