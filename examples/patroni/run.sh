@@ -15,6 +15,9 @@
 # figures. Everything is stopped and removed when the script ends; the
 # whole run is bounded by RUN_TIMEOUT seconds (default 900).
 #
+# KILL=postmaster kills only the leader's postmaster and its children,
+# leaving its Patroni running (which restarts Postgres in place: no failover).
+#
 # Environment: PG_BIN (default /usr/lib/postgresql/15/bin); CHAOS, a built
 # chaos example to run instead of `cargo run --example chaos`; KEEP=1 keeps
 # the temporary directory (logs) after the run.
@@ -169,14 +172,19 @@ wait_for 30 "HAProxy" "$pg_bin/pg_isready" -q -h 127.0.0.1 -p "$haproxy_port" -U
 # The leader is node1, its standby node2. Killing the leader's node: its
 # Patroni first (left alive, it would restart the postmaster in place and
 # keep the leader key), then its postmaster and the postmaster's children.
-cat >"$dir/kill-leader.sh" <<KILL
-kill -9 ${patroni_pid[1]}
+case ${KILL:-node} in
+node) kill_patroni="kill -9 ${patroni_pid[1]}" ;;
+postmaster) kill_patroni=":" ;;
+*) echo "KILL=$KILL: node or postmaster" >&2; exit 2 ;;
+esac
+cat >"$dir/kill-leader.sh" <<SCRIPT
+$kill_patroni
 pm=\$(head -1 "$dir/node1/data/postmaster.pid")
 kill -9 "\$pm"
 pkill -9 -P "\$pm" || true
-KILL
+SCRIPT
 
-echo "patroni $(patroni --version | awk '{print $2}'), etcd $(etcd --version | awk 'NR==1{print $3}'), $(haproxy -v | awk 'NR==1{print "HAProxy", $3}'), $("$pg_bin/postgres" --version | awk '{print "Postgres", $3}'); synchronous_mode: $synchronous_mode"
+echo "patroni $(patroni --version | awk '{print $2}'), etcd $(etcd --version | awk 'NR==1{print $3}'), $(haproxy -v | awk 'NR==1{print "HAProxy", $3}'), $("$pg_bin/postgres" --version | awk '{print "Postgres", $3}'); synchronous_mode: $synchronous_mode; killing the leader's ${KILL:-node}"
 if [ -n "${CHAOS:-}" ]; then
     chaos=("$CHAOS")
 else
@@ -191,11 +199,13 @@ timeout --signal=KILL "$run_timeout" "${chaos[@]}" --failover \
 status=$?
 set -e
 if [ $status -eq 0 ]; then
-    curl -fsS "http://127.0.0.1:${rest_port[2]}/patroni" | python3 -c '
+    for node in 1 2; do
+        curl -fsS "http://127.0.0.1:${rest_port[$node]}/patroni" 2>/dev/null | python3 -c '
 import json, sys
 state = json.load(sys.stdin)
-print("after the run: node2 is", state["role"], "on timeline", state.get("timeline"))
-' || true
+print("after the run: node%s is %s on timeline %s" % (sys.argv[1], state["role"], state.get("timeline")))
+' $node || echo "after the run: node$node is down"
+    done
 else
     KEEP=1
 fi

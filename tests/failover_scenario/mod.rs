@@ -230,7 +230,10 @@ impl ByHand {
             ("max_wal_senders", "5"),
         ])
         .unwrap();
+        let standby = Standby::start(primary.port().unwrap());
         let direct = PgPool::connect(&primary.url("postgres")).await.unwrap();
+        // After the base backup: a standby that copied the setting would
+        // wait, once promoted, for a synchronous standby of its own.
         if synchronous {
             // One statement per message: ALTER SYSTEM runs outside any
             // transaction block.
@@ -246,7 +249,6 @@ impl ByHand {
             .await
             .unwrap();
         direct.close().await;
-        let standby = Standby::start(primary.port().unwrap());
         let forwarder = Forwarder::start(primary.port().unwrap()).await;
         Self {
             data_dir,
