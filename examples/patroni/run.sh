@@ -84,13 +84,21 @@ if [ "$(id -u)" = 0 ]; then
     as_postgres=(setpriv --reuid=postgres --regid=postgres --init-groups --)
 fi
 
-# Twelve free loopback ports, taken at once.
+# Eleven free loopback ports below the ephemeral range (which other
+# processes' outgoing connections draw from while this script starts).
 read -r -a ports < <(python3 -c '
-import socket
-socks = [socket.socket() for _ in range(12)]
-for s in socks:
-    s.bind(("127.0.0.1", 0))
-print(" ".join(str(s.getsockname()[1]) for s in socks))
+import random, socket
+ports = []
+for port in random.sample(range(20000, 32000), 200):
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+    ports.append(port)
+    if len(ports) == 11:
+        break
+print(" ".join(map(str, ports)))
 ')
 etcd_client=("${ports[0]}" "${ports[1]}" "${ports[2]}")
 etcd_peer=("${ports[3]}" "${ports[4]}" "${ports[5]}")
@@ -129,7 +137,9 @@ wait_for() { # seconds, description, command...
         sleep 0.2
     done
 }
-wait_for 60 "etcd" curl -fsS "http://127.0.0.1:${etcd_client[0]}/health"
+for i in 0 1 2; do
+    wait_for 60 "etcd$i" curl -fsS "http://127.0.0.1:${etcd_client[$i]}/health"
+done
 
 # Patroni: two nodes.
 patroni_pid=("")
