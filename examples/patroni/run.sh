@@ -210,11 +210,15 @@ status=$?
 set -e
 if [ $status -eq 0 ]; then
     for node in 1 2; do
-        curl -fsS "http://127.0.0.1:${rest_port[$node]}/patroni" 2>/dev/null | python3 -c '
+        if state=$(curl -fsS "http://127.0.0.1:${rest_port[$node]}/patroni" 2>/dev/null); then
+            python3 -c '
 import json, sys
-state = json.load(sys.stdin)
+state = json.loads(sys.argv[2])
 print("after the run: node%s is %s on timeline %s" % (sys.argv[1], state["role"], state.get("timeline")))
-' $node || echo "after the run: node$node is down"
+' $node "$state"
+        else
+            echo "after the run: node$node is down"
+        fi
     done
 else
     KEEP=1
