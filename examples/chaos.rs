@@ -15,9 +15,11 @@
 //! clients, default 8; the primary is killed once three eighths of the keys
 //! are answered). It prints each run's figures (answers lost, re-executions,
 //! 503s, the receiver's deliveries, those answered from its inbox's record,
-//! effects run twice) and exits non-zero if an effect ran twice at the
-//! receiver, a synchronous run lost an answer, or an asynchronous run
-//! re-executed a key whose answer was not lost.
+//! effects run twice, the time without a primary) and exits non-zero if an
+//! effect ran twice at the receiver, a synchronous run lost an answer, an
+//! asynchronous run re-executed a key whose answer was not lost, or a key
+//! was still held (409) when every key was sent once more after the
+//! failover.
 //!
 //! With `--cluster-url`, the failover runs once, on a cluster managed by
 //! other software (`examples/patroni/run.sh` starts Patroni, etcd and
