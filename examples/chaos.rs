@@ -4,6 +4,9 @@
 //! cargo run --release --example chaos -- [--backend sqlite|postgres|mysql|all]
 //!     [--checkouts N] [--seconds N] [--clients N] [--seed N]
 //! cargo run --release --example chaos -- --failover [--keys N] [--clients N]
+//! cargo run --release --example chaos -- --failover --cluster-url URL \
+//!     --standby-url URL --kill-cmd CMD --replication synchronous|asynchronous
+//!     [--keys N] [--clients N]
 //! ```
 //!
 //! With `--failover`, instead: a Postgres primary failover under load, once
@@ -12,9 +15,20 @@
 //! clients, default 8; the primary is killed once three eighths of the keys
 //! are answered). It prints each run's figures (answers lost, re-executions,
 //! 503s, the receiver's deliveries, those answered from its inbox's record,
-//! effects run twice) and exits non-zero if an effect ran twice at the
-//! receiver, a synchronous run lost an answer, or an asynchronous run
-//! re-executed a key whose answer was not lost.
+//! effects run twice, the time without a primary) and exits non-zero if an
+//! effect ran twice at the receiver, a synchronous run lost an answer, an
+//! asynchronous run re-executed a key whose answer was not lost, or a key
+//! was still held (409) when every key was sent once more after the
+//! failover.
+//!
+//! With `--cluster-url`, the failover runs once, on a cluster managed by
+//! other software (`examples/patroni/run.sh` starts Patroni, etcd and
+//! HAProxy and runs this): `--cluster-url` is the server's URL through the
+//! address that follows the leader (no database: the run creates its own),
+//! `--standby-url` the standby's own, `--replication` what the cluster was
+//! set up with (checked before the load). The primary is killed by running
+//! `--kill-cmd` with `sh -c`; the standby has taken over once a connection
+//! through `--cluster-url` reaches a server that is not in recovery.
 //!
 //! The checkout demo's services run as separate processes (this program,
 //! re-executed with `--role`): the order service with its outbox relay, the
@@ -950,7 +964,9 @@ fn parse_args() -> Result<HashMap<String, String>, String> {
 
 const USAGE: &str =
     "usage: chaos [--backend sqlite|postgres|mysql|all] [--checkouts N] [--seconds N] [--clients N] [--seed N]
-       chaos --failover [--keys N] [--clients N]";
+       chaos --failover [--keys N] [--clients N]
+       chaos --failover --cluster-url URL --standby-url URL --kill-cmd CMD
+             --replication synchronous|asynchronous [--keys N] [--clients N]";
 
 #[tokio::main]
 async fn main() -> ExitCode {
@@ -990,8 +1006,9 @@ async fn main() -> ExitCode {
     }
 }
 
-/// `--failover`: the synchronous and the asynchronous run; whether every
-/// figure that must be zero was.
+/// `--failover`: the synchronous and the asynchronous run on the suite's
+/// cluster, or one run on `--cluster-url`'s; whether every figure that
+/// must be zero was.
 async fn failover_runs(args: &HashMap<String, String>) -> Result<bool, BoxError> {
     let number = |name: &str, default: usize| -> Result<usize, BoxError> {
         match args.get(name) {
@@ -1005,11 +1022,47 @@ async fn failover_runs(args: &HashMap<String, String>) -> Result<bool, BoxError>
         clients: number("clients", 8)?.max(1),
         kill_after: (keys * 3 / 8) as u64,
     };
+    let external = match args.get("cluster-url") {
+        None => None,
+        Some(url) => {
+            let required = |name: &str| {
+                args.get(name)
+                    .cloned()
+                    .ok_or_else(|| format!("--cluster-url needs --{name}"))
+            };
+            let synchronous = match required("replication")?.as_str() {
+                "synchronous" => true,
+                "asynchronous" => false,
+                other => {
+                    return Err(
+                        format!("--replication {other:?}: synchronous or asynchronous").into(),
+                    )
+                }
+            };
+            Some((
+                External {
+                    url: url.trim_end_matches('/').to_owned(),
+                    standby_url: required("standby-url")?.trim_end_matches('/').to_owned(),
+                    kill: required("kill-cmd")?,
+                },
+                synchronous,
+            ))
+        }
+    };
+    let modes: &[bool] = match &external {
+        Some((_, synchronous)) => std::slice::from_ref(synchronous),
+        None => &[true, false],
+    };
     let mut good = true;
-    for synchronous in [true, false] {
+    for &synchronous in modes {
         let started = Instant::now();
         // The scenario prints its figures' line itself.
-        let figures = failover_scenario::failover(synchronous, plan).await;
+        let figures = match &external {
+            Some((cluster, _)) => {
+                failover_scenario::failover_on(&mut cluster.clone(), synchronous, plan).await
+            }
+            None => failover_scenario::failover(synchronous, plan).await,
+        };
         println!(
             "  ({} replication, {} keys, {} clients: {:.1} s)",
             if synchronous {
@@ -1023,9 +1076,63 @@ async fn failover_runs(args: &HashMap<String, String>) -> Result<bool, BoxError>
         );
         good &= figures.receiver_duplicates == 0
             && figures.reexecuted == figures.lost
+            && figures.in_progress_after == 0
             && (!synchronous || figures.lost == 0);
     }
     Ok(good)
+}
+
+/// A cluster managed by other software (`--cluster-url`): the scenario's
+/// primary is whatever server `url` reaches, killed by the shell command
+/// `kill`.
+#[derive(Clone)]
+struct External {
+    url: String,
+    standby_url: String,
+    kill: String,
+}
+
+/// How long the cluster may take to reach a new primary after the kill.
+const TAKEOVER_TIMEOUT: Duration = Duration::from_secs(120);
+
+impl failover_scenario::Cluster for External {
+    fn url(&self, database: &str) -> String {
+        format!("{}/{database}", self.url)
+    }
+
+    fn standby_url(&self, database: &str) -> String {
+        format!("{}/{database}", self.standby_url)
+    }
+
+    async fn kill_primary(&mut self) {
+        let status = Command::new("sh")
+            .args(["-c", &self.kill])
+            .status()
+            .await
+            .expect("--kill-cmd could not be run");
+        assert!(status.success(), "--kill-cmd failed: {status}");
+    }
+
+    async fn take_over(&mut self) {
+        use sqlx::Connection;
+        let started = Instant::now();
+        loop {
+            if let Ok(mut conn) = sqlx::PgConnection::connect(&self.url("postgres")).await {
+                let recovering: Result<bool, _> = sqlx::query_scalar("SELECT pg_is_in_recovery()")
+                    .fetch_one(&mut conn)
+                    .await;
+                let _ = conn.close().await;
+                if let Ok(false) = recovering {
+                    return;
+                }
+            }
+            assert!(
+                started.elapsed() < TAKEOVER_TIMEOUT,
+                "no primary through --cluster-url {TAKEOVER_TIMEOUT:?} after the kill"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
 }
 
 async fn coordinate(args: &HashMap<String, String>) -> Result<bool, BoxError> {

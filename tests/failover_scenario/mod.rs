@@ -10,6 +10,11 @@
 //! promoted and the forwarder re-pointed, and the same engine and pool go
 //! on without a restart. Afterwards every key is sent once more.
 //!
+//! How the primary dies and who takes over is a [`Cluster`]: [`ByHand`]
+//! (the above, used by the suite) or a cluster managed by other software
+//! (the chaos example's `--cluster-url`, which `examples/patroni/run.sh`
+//! points at HAProxy in front of Patroni).
+//!
 //! - Synchronous replication (`synchronous_standby_names = '*'`,
 //!   `synchronous_commit = remote_apply`): every answer given before the
 //!   kill is found after it and replayed; nothing runs twice.
@@ -186,6 +191,109 @@ impl Forwarder {
     }
 }
 
+/// How the primary dies and who takes over: the part of a failover the
+/// scenario leaves to the cluster it runs on.
+pub trait Cluster {
+    /// `database`'s URL through the address that follows the leader: the
+    /// service's, and the one the scenario creates its database on.
+    fn url(&self, database: &str) -> String;
+    /// `database`'s URL on the standby itself (for the asynchronous run's
+    /// hold of its WAL receiver).
+    fn standby_url(&self, database: &str) -> String;
+    /// Kills the primary with `SIGKILL`; returns once nothing answers on
+    /// its behalf.
+    async fn kill_primary(&mut self);
+    /// Returns once the standby has taken over and [`Cluster::url`]
+    /// reaches it.
+    async fn take_over(&mut self);
+}
+
+/// The suite's cluster: the harness's Postgres as the primary, a
+/// `pg_basebackup -R` standby, the service reaching the primary through a
+/// [`Forwarder`]; the primary's postmaster is killed, the forwarder points
+/// nowhere for 1 s, then the standby is promoted with `pg_ctl promote` and
+/// the forwarder re-pointed at it.
+pub struct ByHand {
+    data_dir: String,
+    standby: Standby,
+    forwarder: Forwarder,
+}
+
+impl ByHand {
+    /// The primary and its standby, streaming; with `synchronous`, every
+    /// standby is synchronous (`synchronous_standby_names = '*'`).
+    pub async fn start(synchronous: bool) -> Self {
+        let primary = PgServer::start(&[
+            ("fsync", "off"),
+            ("full_page_writes", "off"),
+            ("wal_level", "replica"),
+            ("max_wal_senders", "5"),
+        ])
+        .unwrap();
+        let standby = Standby::start(primary.port().unwrap());
+        let direct = PgPool::connect(&primary.url("postgres")).await.unwrap();
+        // After the base backup: a standby that copied the setting would
+        // wait, once promoted, for a synchronous standby of its own.
+        if synchronous {
+            // One statement per message: ALTER SYSTEM runs outside any
+            // transaction block.
+            for sql in [
+                "ALTER SYSTEM SET synchronous_standby_names = '*'",
+                "SELECT pg_reload_conf()",
+            ] {
+                sqlx::raw_sql(sql).execute(&direct).await.unwrap();
+            }
+        }
+        let data_dir: String = sqlx::query_scalar("SHOW data_directory")
+            .fetch_one(&direct)
+            .await
+            .unwrap();
+        direct.close().await;
+        let forwarder = Forwarder::start(primary.port().unwrap()).await;
+        Self {
+            data_dir,
+            standby,
+            forwarder,
+        }
+    }
+}
+
+impl Cluster for ByHand {
+    fn url(&self, database: &str) -> String {
+        format!(
+            "postgres://postgres@127.0.0.1:{}/{database}",
+            self.forwarder.port
+        )
+    }
+
+    fn standby_url(&self, database: &str) -> String {
+        format!(
+            "postgres://postgres@127.0.0.1:{}/{database}",
+            self.standby.port
+        )
+    }
+
+    async fn kill_primary(&mut self) {
+        // SIGKILL the postmaster: its backends and WAL sender go with it.
+        let pid = std::fs::read_to_string(PathBuf::from(&self.data_dir).join("postmaster.pid"))
+            .unwrap()
+            .lines()
+            .next()
+            .unwrap()
+            .trim()
+            .to_owned();
+        run(Command::new("kill").args(["-9", &pid]), "kill -9").unwrap();
+        let _ = Command::new("pkill").args(["-9", "-P", &pid]).status();
+        self.forwarder.point_at(0); // nothing answers while there is no primary
+    }
+
+    async fn take_over(&mut self) {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        self.standby.promote();
+        self.forwarder.point_at(self.standby.port);
+    }
+}
+
 #[derive(Default)]
 struct Tally {
     answered: AtomicU64,
@@ -330,11 +438,22 @@ async fn client(
 
 /// What a run measured.
 pub struct Figures {
+    /// Keys whose first answer came before the kill.
     pub answered_before_kill: usize,
+    /// Answers lost with the primary (the key ran again when sent once more).
     pub lost: usize,
+    /// Keys whose work ran a second time.
     pub reexecuted: usize,
+    /// 503s the clients met (no primary, or a statement cut by the kill).
     pub unavailable: u64,
+    /// 409s (`InProgress`) the clients met.
     pub in_progress: u64,
+    /// From the kill until the address that follows the leader reached the
+    /// new primary.
+    pub without_primary: Duration,
+    /// 409s met when every key was sent once more after the failover (a
+    /// claim stuck by the kill).
+    pub in_progress_after: u64,
     /// Deliveries the receiver got, and those it answered from its
     /// inbox's record (a message it had already run).
     pub deliveries: u64,
@@ -344,18 +463,31 @@ pub struct Figures {
 }
 
 /// One failover run (`synchronous` or asynchronous replication) of `plan`'s
-/// size; asserts what holds whatever the timing, returns the figures.
+/// size on the suite's cluster ([`ByHand`]); asserts what holds whatever
+/// the timing, returns the figures.
 pub async fn failover(synchronous: bool, plan: Plan) -> Figures {
-    let primary = PgServer::start(&[
-        ("fsync", "off"),
-        ("full_page_writes", "off"),
-        ("wal_level", "replica"),
-        ("max_wal_senders", "5"),
-    ])
-    .unwrap();
-    let url = primary.fresh_database().await;
-    let name = url.rsplit('/').next().unwrap().to_owned();
-    let direct = PgPool::connect(&url).await.unwrap();
+    failover_on(&mut ByHand::start(synchronous).await, synchronous, plan).await
+}
+
+static NEXT_DATABASE: AtomicU64 = AtomicU64::new(0);
+
+/// One failover run of `plan`'s size on `cluster`, whose replication is
+/// synchronous or not as `synchronous` says (checked before the load);
+/// asserts what holds whatever the timing, returns the figures.
+pub async fn failover_on(cluster: &mut impl Cluster, synchronous: bool, plan: Plan) -> Figures {
+    let name = format!(
+        "idem_failover_{}_{}",
+        std::process::id(),
+        NEXT_DATABASE.fetch_add(1, Ordering::SeqCst)
+    );
+    let admin = PgPool::connect(&cluster.url("postgres")).await.unwrap();
+    sqlx::raw_sql(&format!("CREATE DATABASE {name}"))
+        .execute(&admin)
+        .await
+        .unwrap();
+    admin.close().await;
+    let service_url = cluster.url(&name);
+    let direct = PgPool::connect(&service_url).await.unwrap();
     Engine::<Postgres>::new(direct.clone())
         .migrate()
         .await
@@ -364,17 +496,13 @@ pub async fn failover(synchronous: bool, plan: Plan) -> Figures {
         .execute(&direct)
         .await
         .unwrap();
-    let standby = Standby::start(primary.port().unwrap());
     if synchronous {
-        // One statement per message: ALTER SYSTEM runs outside any
-        // transaction block.
-        for sql in [
-            "ALTER SYSTEM SET synchronous_standby_names = '*'".to_owned(),
-            "SELECT pg_reload_conf()".to_owned(),
-            format!("ALTER DATABASE {name} SET synchronous_commit = 'remote_apply'"),
-        ] {
-            sqlx::raw_sql(&sql).execute(&direct).await.unwrap();
-        }
+        sqlx::raw_sql(&format!(
+            "ALTER DATABASE {name} SET synchronous_commit = 'remote_apply'"
+        ))
+        .execute(&direct)
+        .await
+        .unwrap();
     }
     let want = if synchronous { "sync" } else { "async" };
     let started = Instant::now();
@@ -393,14 +521,8 @@ pub async fn failover(synchronous: bool, plan: Plan) -> Figures {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let data_dir: String = sqlx::query_scalar("SHOW data_directory")
-        .fetch_one(&direct)
-        .await
-        .unwrap();
     direct.close().await;
 
-    let forwarder = Forwarder::start(primary.port().unwrap()).await;
-    let service_url = format!("postgres://postgres@127.0.0.1:{}/{name}", forwarder.port);
     let policy = Policy::default().with_wait_timeout(Duration::from_secs(1));
     let pool = idem::store::postgres::connect(&service_url, &policy, 8)
         .await
@@ -438,12 +560,7 @@ pub async fn failover(synchronous: bool, plan: Plan) -> Figures {
             ))
         })
         .collect();
-    let standby_pool = PgPool::connect(&format!(
-        "postgres://postgres@127.0.0.1:{}/{name}",
-        standby.port
-    ))
-    .await
-    .unwrap();
+    let standby_pool = PgPool::connect(&cluster.standby_url(&name)).await.unwrap();
     while tally.answered.load(Ordering::SeqCst) < plan.kill_after {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
@@ -465,41 +582,35 @@ pub async fn failover(synchronous: bool, plan: Plan) -> Figures {
         Some(pid.to_string())
     };
     standby_pool.close().await;
-    // SIGKILL the postmaster: its backends and WAL sender go with it.
-    let pid = std::fs::read_to_string(PathBuf::from(&data_dir).join("postmaster.pid"))
-        .unwrap()
-        .lines()
-        .next()
-        .unwrap()
-        .trim()
-        .to_owned();
     killed.store(true, Ordering::SeqCst);
-    run(Command::new("kill").args(["-9", &pid]), "kill -9").unwrap();
-    let _ = Command::new("pkill").args(["-9", "-P", &pid]).status();
-    forwarder.point_at(0); // nothing answers while there is no primary
-                           // What the held receiver had not written is gone with it (the bytes
-                           // waiting in its socket too); the standby restarts its receiver.
+    let kill = Instant::now();
+    cluster.kill_primary().await;
+    // What the held receiver had not written is gone with it (the bytes
+    // waiting in its socket too); the standby restarts its receiver.
     if let Some(pid) = receiver {
         run(Command::new("kill").args(["-KILL", &pid]), "kill -KILL").unwrap();
     }
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    standby.promote();
-    forwarder.point_at(standby.port);
+    cluster.take_over().await;
+    let without_primary = kill.elapsed();
     for client in clients {
         client.await.unwrap();
     }
 
     // Every key once more, on the promoted server.
     let first = tally.first.lock().unwrap().clone();
-    let (mut lost, mut reexecuted) = (0, 0);
+    let (mut lost, mut reexecuted, mut in_progress_after) = (0, 0, 0);
     for (k, answer) in first.iter().enumerate() {
         let (id, before) = answer.expect("every key answered");
         let (again, via) = loop {
             match charge(&engine, &format!("k-{k}"), &hook).await {
                 Ok(Ok(answer)) => break answer,
                 Ok(Err(problem)) => panic!("key {k} after the failover: {problem:?}"),
+                Err(IdemError::InProgress { .. }) => {
+                    in_progress_after += 1;
+                    tokio::time::sleep(Duration::from_millis(100)).await
+                }
                 // A pool connection still on its way out is a 503 as well.
-                Err(IdemError::InProgress { .. } | IdemError::Unavailable { .. }) => {
+                Err(IdemError::Unavailable { .. }) => {
                     tokio::time::sleep(Duration::from_millis(100)).await
                 }
                 Err(error) => panic!("key {k} after the failover: {error:?}"),
@@ -515,12 +626,7 @@ pub async fn failover(synchronous: bool, plan: Plan) -> Figures {
             assert_eq!((again, via), (id, Via::Replayed), "key {k}");
         }
     }
-    let promoted = PgPool::connect(&format!(
-        "postgres://postgres@127.0.0.1:{}/{name}",
-        standby.port
-    ))
-    .await
-    .unwrap();
+    let promoted = PgPool::connect(&service_url).await.unwrap();
     // The relay delivers what the promoted server holds: at most 20 s, or
     // 20 ms a key for a larger run.
     let drain = Duration::from_secs(20).max(Duration::from_millis(20) * plan.keys as u32);
@@ -575,20 +681,26 @@ pub async fn failover(synchronous: bool, plan: Plan) -> Figures {
         reexecuted,
         unavailable: tally.unavailable.load(Ordering::SeqCst),
         in_progress: tally.in_progress.load(Ordering::SeqCst),
+        without_primary,
+        in_progress_after,
         deliveries: seen.deliveries.load(Ordering::SeqCst),
         answered_from_record: seen.answered_from_record.load(Ordering::SeqCst),
         receiver_duplicates,
     };
     eprintln!(
-        "{} replication: {} keys, {} answered before the kill, answers lost {}, re-executions {}, 503s {}, 409s {}; \
+        "{} replication: {} keys, {} answered before the kill, {} after, answers lost {}, re-executions {}, \
+         503s {}, 409s {}, {:.1} s without a primary, 409s after the failover {}, keys left in progress {stuck}; \
          receiver: {} deliveries, {} answered from its inbox's record, {} duplicate effects",
         if synchronous { "synchronous" } else { "asynchronous" },
         plan.keys,
         figures.answered_before_kill,
+        plan.keys - figures.answered_before_kill,
         figures.lost,
         figures.reexecuted,
         figures.unavailable,
         figures.in_progress,
+        figures.without_primary.as_secs_f64(),
+        figures.in_progress_after,
         figures.deliveries,
         figures.answered_from_record,
         figures.receiver_duplicates,
