@@ -31,7 +31,7 @@ use crate::{Backend, Engine, IdemError, Purger, Scope};
 use sha2::{Digest, Sha256};
 
 #[cfg(feature = "postgres")]
-mod tenant_move;
+pub mod tenant_move;
 #[cfg(feature = "postgres")]
 pub use tenant_move::{MoveError, Moved, TenantMove, FENCED};
 
