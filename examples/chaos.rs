@@ -385,10 +385,17 @@ fn note(note: &str) {
     eprintln!("chaos: {note}");
 }
 
+/// A free port for a service, below the kernel's ephemeral range (32768 and
+/// up on Linux): a killed service is restarted on its port, and a port in
+/// that range may meanwhile be taken by any outgoing connection.
 fn free_port() -> Result<u16, BoxError> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
+    for _ in 0..1000 {
+        let port = fastrand::u16(20_000..32_000);
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return Ok(port);
+        }
+    }
+    Err("no free port in 20000-31999".into())
 }
 
 // ---------------------------------------------------------------------------

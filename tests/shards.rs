@@ -56,6 +56,16 @@ async fn pay<R: Router>(
     op: &Operation,
     executed: &AtomicUsize,
 ) -> Result<(String, Via), IdemError> {
+    pay_enqueuing(shards, op, executed, None).await
+}
+
+/// [`pay`], the work also enqueuing `message` when there is one.
+async fn pay_enqueuing<R: Router>(
+    shards: &Shards<Postgres, R>,
+    op: &Operation,
+    executed: &AtomicUsize,
+    message: Option<Message>,
+) -> Result<(String, Via), IdemError> {
     let engine = shards.engine(op.scope()).await?;
     let tenant = op.scope().first_part().to_owned();
     let done = engine
@@ -65,6 +75,11 @@ async fn pay<R: Router>(
                 .bind(&tenant)
                 .execute(&mut *tx)
                 .await?;
+            if let Some(message) = &message {
+                outbox::enqueue(&mut *tx, message)
+                    .await
+                    .map_err(|e| Problem::new(500, "enqueue failed").with_detail(e.to_string()))?;
+            }
             Ok::<_, Problem>(tenant.clone())
         })
         .await?;
@@ -235,26 +250,11 @@ async fn pay_and_notify<R: Router>(
     op: &Operation,
     executed: &AtomicUsize,
 ) -> Result<(String, Via), IdemError> {
-    let engine = shards.engine(op.scope()).await?;
-    let tenant = op.scope().first_part().to_owned();
     let message = Message::to("events", "ledger")
         .body("text/plain", op.key().as_str().as_bytes().to_vec())
         .for_step(op.key(), NOTIFY)
         .scope(op.scope());
-    let done = engine
-        .run(op, async |tx| {
-            executed.fetch_add(1, Ordering::SeqCst);
-            sqlx::query("INSERT INTO payments (tenant, amount) VALUES ($1, 2500)")
-                .bind(&tenant)
-                .execute(&mut *tx)
-                .await?;
-            outbox::enqueue(&mut *tx, &message)
-                .await
-                .map_err(|e| Problem::new(500, "enqueue failed").with_detail(e.to_string()))?;
-            Ok::<_, Problem>(tenant.clone())
-        })
-        .await?;
-    Ok((done.value.expect("the payment"), done.via))
+    pay_enqueuing(shards, op, executed, Some(message)).await
 }
 
 /// The tenant's rows on each shard: (key records, outbox messages not sent,
