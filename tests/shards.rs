@@ -5,14 +5,15 @@
 //! a tenant moved between shards: its completed keys replayed from the
 //! new shard, a claim in flight during the move refused and its retry run
 //! once, its outbox messages delivered once by a relay per shard, and the
-//! other tenants of its shard served meanwhile.
+//! other tenants of its shard served meanwhile; and one call starting a
+//! relay per shard, each message delivered once by its tenant's shard.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use idem_runtime::outbox::{self, Delivered, InProcessSink, Message, Relay};
+use idem_runtime::outbox::{self, Delivered, InProcessSink, Message, RelayHandle};
 use idem_runtime::shard::{
     DirectoryRouter, HashRouter, MoveError, Moved, Router, Shards, TenantMove,
 };
@@ -524,6 +525,91 @@ async fn an_in_flight_claim_during_a_move_is_refused_and_its_retry_runs_once() {
     assert_eq!((payments(0).await, payments(1).await), (2, 1));
 }
 
+/// A relay per shard started by [`Shards::spawn_relays`], delivering to an
+/// in-process sink `events` that counts each message's deliveries (after
+/// `pause`, a slow sink).
+async fn spawn_counting_relays<R: Router>(
+    shards: &Shards<Postgres, R>,
+    deliveries: &Arc<Mutex<HashMap<String, usize>>>,
+    pause: Duration,
+) -> Vec<RelayHandle> {
+    shards
+        .spawn_relays(|relay| {
+            let deliveries = deliveries.clone();
+            let sink = InProcessSink::new("events", move |message| {
+                let deliveries = deliveries.clone();
+                async move {
+                    tokio::time::sleep(pause).await;
+                    *deliveries.lock().unwrap().entry(message.id).or_default() += 1;
+                    Ok(Delivered::Published { receipt: None })
+                }
+            });
+            relay.sink(sink).poll_interval(Duration::from_millis(50))
+        })
+        .await
+        .expect("a relay per shard")
+}
+
+/// Waits until `expected` distinct messages were delivered (30 s at most),
+/// then a little longer, so a second delivery of one would be seen.
+async fn await_deliveries(deliveries: &Mutex<HashMap<String, usize>>, expected: usize) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while deliveries.lock().unwrap().len() < expected {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "messages still undelivered"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_call_starts_a_relay_per_shard_and_each_message_is_delivered_once() {
+    let (_servers, engines) = three_shards().await;
+    let shards = Shards::new(engines, HashRouter);
+    shards.migrate().await.expect("migrate every shard");
+    let executed = AtomicUsize::new(0);
+    let tenants: Vec<String> = (0..12).map(|i| format!("tenant-{i}")).collect();
+    for tenant in &tenants {
+        // Message ids derive from the key and the step: keys unique across tenants.
+        for key in ["k-1", "k-2"] {
+            let key = format!("{tenant}-{key}");
+            pay_and_notify(&shards, &charge(tenant, &key), &executed)
+                .await
+                .unwrap();
+        }
+        // A retry replays: no second message.
+        let retry = charge(tenant, &format!("{tenant}-k-1"));
+        let (_, via) = pay_and_notify(&shards, &retry, &executed).await.unwrap();
+        assert_eq!(via, Via::Replayed);
+    }
+    let messages = tenants.len() * 2;
+    assert_eq!(executed.load(Ordering::SeqCst), messages);
+
+    let deliveries: Arc<Mutex<HashMap<String, usize>>> = Arc::default();
+    let relays = spawn_counting_relays(&shards, &deliveries, Duration::ZERO).await;
+    assert_eq!(relays.len(), SHARDS);
+    await_deliveries(&deliveries, messages).await;
+    let mut published = Vec::new();
+    for relay in relays {
+        published.push(relay.shutdown().await.published);
+    }
+    let deliveries = deliveries.lock().unwrap().clone();
+    assert_eq!(deliveries.len(), messages);
+    assert!(
+        deliveries.values().all(|&n| n == 1),
+        "a message delivered twice: {deliveries:?}"
+    );
+    // Each shard's relay delivered its own tenants' messages, and only those.
+    let mut expected = vec![0u64; SHARDS];
+    for tenant in &tenants {
+        expected[HashRouter::index(tenant, SHARDS)] += 2;
+    }
+    assert_eq!(published, expected);
+    assert!(expected.iter().all(|&n| n > 0), "{expected:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn outbox_messages_are_delivered_once_across_a_move() {
     let (_servers, shards) = directory_shards(&["acme"]).await;
@@ -537,37 +623,11 @@ async fn outbox_messages_are_delivered_once_across_a_move() {
     // A relay per shard, delivering slowly, so the move meets messages
     // that are leased, delivered and pending.
     let deliveries: Arc<Mutex<HashMap<String, usize>>> = Arc::default();
-    let mut relays = Vec::new();
-    for engine in shards.engines() {
-        let deliveries = deliveries.clone();
-        let sink = InProcessSink::new("events", move |message| {
-            let deliveries = deliveries.clone();
-            async move {
-                tokio::time::sleep(Duration::from_millis(15)).await;
-                *deliveries.lock().unwrap().entry(message.id).or_default() += 1;
-                Ok(Delivered::Published { receipt: None })
-            }
-        });
-        let relay = Relay::new(engine)
-            .sink(sink)
-            .poll_interval(Duration::from_millis(50))
-            .spawn()
-            .await
-            .unwrap();
-        relays.push(relay);
-    }
+    let relays = spawn_counting_relays(&shards, &deliveries, Duration::from_millis(15)).await;
     tokio::time::sleep(Duration::from_millis(100)).await;
     let moved = TenantMove::new("acme", 2).run(&shards).await.unwrap();
     assert_eq!((moved.from, moved.to), (0, 2));
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    while deliveries.lock().unwrap().len() < MESSAGES {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "messages still undelivered"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    await_deliveries(&deliveries, MESSAGES).await;
     for relay in relays {
         relay.shutdown().await;
     }

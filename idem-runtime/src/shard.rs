@@ -27,6 +27,7 @@ use std::future::Future;
 use std::time::Duration;
 
 use crate::engine::unavailable;
+use crate::outbox::{Relay, RelayError, RelayHandle};
 use crate::{Backend, Engine, IdemError, Purger, Scope};
 use sha2::{Digest, Sha256};
 
@@ -234,5 +235,49 @@ impl<DB: Backend, R: Router> Shards<DB, R> {
             .iter()
             .map(|engine| engine.spawn_purger(every, batch))
             .collect()
+    }
+
+    /// One relay per shard, each built by `configure` from
+    /// [`Relay::new`] on that shard's engine (so every shard gets the same
+    /// sinks and settings) and started with [`Relay::spawn`]. The handles
+    /// come back in shard order. If one fails to start, the ones already
+    /// started are shut down and its error returned.
+    ///
+    /// ```no_run
+    /// # async fn demo(shards: idem_runtime::shard::Shards<sqlx::Postgres>) -> Result<(), idem_runtime::outbox::RelayError> {
+    /// use std::time::Duration;
+    /// use idem_runtime::outbox::{Delivered, InProcessSink};
+    /// let relays = shards
+    ///     .spawn_relays(|relay| {
+    ///         relay
+    ///             .sink(InProcessSink::new("events", |_message| async {
+    ///                 Ok(Delivered::Published { receipt: None })
+    ///             }))
+    ///             .poll_interval(Duration::from_millis(200))
+    ///     })
+    ///     .await?;
+    /// // ... serve ...
+    /// for relay in relays {
+    ///     relay.shutdown().await;
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub async fn spawn_relays(
+        &self,
+        configure: impl Fn(Relay<DB>) -> Relay<DB>,
+    ) -> Result<Vec<RelayHandle>, RelayError> {
+        let mut relays = Vec::with_capacity(self.engines.len());
+        for engine in &self.engines {
+            match configure(Relay::new(engine)).spawn().await {
+                Ok(relay) => relays.push(relay),
+                Err(error) => {
+                    for relay in relays {
+                        relay.shutdown().await;
+                    }
+                    return Err(error);
+                }
+            }
+        }
+        Ok(relays)
     }
 }
