@@ -647,3 +647,123 @@ async fn outbox_messages_are_delivered_once_across_a_move() {
         "every copied message sent once, from the target"
     );
 }
+
+/// A recorded series: its name, its labels and its count (the counter's
+/// value, the histogram's samples).
+type Series = (String, Vec<(String, String)>, u64);
+
+/// The `shard` label of each series named `name` recorded by `step`
+/// (or with no `step` label when `step` is `None`), summed per label value
+/// (`None`: the series carry no `shard` label).
+fn counts_by_shard(
+    snapshot: &[Series],
+    name: &str,
+    step: Option<&str>,
+) -> HashMap<Option<String>, u64> {
+    let mut counts = HashMap::new();
+    for (series, labels, count) in snapshot {
+        let label = |wanted: &str| {
+            labels
+                .iter()
+                .find(|(key, _)| key == wanted)
+                .map(|(_, value)| value.clone())
+        };
+        if series == name && label("step").as_deref() == step {
+            *counts.entry(label("shard")).or_default() += count;
+        }
+    }
+    counts
+}
+
+#[test]
+fn a_sharded_engines_series_carry_its_shard_label() {
+    use idem_runtime::metrics::{CLAIMS, CLAIM_WAIT, OUTBOX_PUBLISHED};
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+
+    // A recorder of this test's own: a current-thread runtime under
+    // `with_local_recorder`, so every task it polls records here.
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let tenants: Vec<String> = (0..9).map(|i| format!("tenant-{i}")).collect();
+    let _servers = metrics::with_local_recorder(&recorder, || {
+        runtime.block_on(async {
+            let (servers, engines) = three_shards().await;
+            let unsharded = engines[0].clone();
+            let shards = Shards::new(engines, HashRouter);
+            shards.migrate().await.unwrap();
+            assert_eq!(unsharded.shard(), None);
+            let indexes: Vec<_> = shards.engines().iter().map(Engine::shard).collect();
+            assert_eq!(indexes, [Some(0), Some(1), Some(2)]);
+
+            let executed = AtomicUsize::new(0);
+            for tenant in &tenants {
+                let op = charge(tenant, &format!("{tenant}-k"));
+                pay_and_notify(&shards, &op, &executed).await.unwrap();
+                pay_and_notify(&shards, &op, &executed).await.unwrap();
+            }
+            let bare = Operation::new(
+                Scope::tenant("acme"),
+                IdempotencyKey::new("bare-k").unwrap(),
+                "bare.v1",
+                &1,
+            );
+            unsharded
+                .run(&bare, async |_tx| Ok::<_, Problem>(1))
+                .await
+                .unwrap();
+
+            let deliveries: Arc<Mutex<HashMap<String, usize>>> = Arc::default();
+            let relays = spawn_counting_relays(&shards, &deliveries, Duration::ZERO).await;
+            await_deliveries(&deliveries, tenants.len()).await;
+            for relay in relays {
+                relay.shutdown().await;
+            }
+            servers
+        })
+    });
+
+    let snapshot: Vec<Series> = snapshotter
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .map(|(key, _, _, value)| {
+            let key = key.key();
+            let labels = key
+                .labels()
+                .map(|l| (l.key().to_owned(), l.value().to_owned()))
+                .collect();
+            let count = match value {
+                DebugValue::Counter(n) => n,
+                DebugValue::Histogram(values) => values.len() as u64,
+                DebugValue::Gauge(_) => 1,
+            };
+            (key.name().to_owned(), labels, count)
+        })
+        .collect();
+    let mut per_shard: HashMap<Option<String>, u64> = HashMap::new();
+    for tenant in &tenants {
+        let shard = HashRouter::index(tenant, SHARDS).to_string();
+        *per_shard.entry(Some(shard)).or_default() += 1;
+    }
+    let twice: HashMap<_, _> = per_shard.iter().map(|(k, n)| (k.clone(), n * 2)).collect();
+    // Each tenant's claim and its replay, on its own shard's label.
+    assert_eq!(counts_by_shard(&snapshot, CLAIMS, Some("charge.v1")), twice);
+    assert_eq!(
+        counts_by_shard(&snapshot, CLAIM_WAIT, Some("charge.v1")),
+        twice
+    );
+    // Each tenant's message, delivered by its shard's relay.
+    assert_eq!(
+        counts_by_shard(&snapshot, OUTBOX_PUBLISHED, None),
+        per_shard
+    );
+    // The engine outside `Shards` records no `shard` label.
+    assert_eq!(
+        counts_by_shard(&snapshot, CLAIMS, Some("bare.v1")),
+        HashMap::from([(None, 1)])
+    );
+}

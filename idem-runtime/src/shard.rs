@@ -186,13 +186,20 @@ impl<DB: Backend, R: Router + std::fmt::Debug> std::fmt::Debug for Shards<DB, R>
 }
 
 impl<DB: Backend, R: Router> Shards<DB, R> {
-    /// The shards, in the order the router's indexes name them.
+    /// The shards, in the order the router's indexes name them. Each
+    /// engine is marked with its index ([`Engine::with_shard`]), so its
+    /// series, its relay's and its purger's carry a `shard` label.
     ///
     /// # Panics
     ///
     /// If `engines` is empty.
     pub fn new(engines: Vec<Engine<DB>>, router: R) -> Self {
         assert!(!engines.is_empty(), "Shards::new needs at least one engine");
+        let engines = engines
+            .into_iter()
+            .enumerate()
+            .map(|(index, engine)| engine.with_shard(index))
+            .collect();
         Self { engines, router }
     }
 
