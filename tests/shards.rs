@@ -5,14 +5,15 @@
 //! a tenant moved between shards: its completed keys replayed from the
 //! new shard, a claim in flight during the move refused and its retry run
 //! once, its outbox messages delivered once by a relay per shard, and the
-//! other tenants of its shard served meanwhile.
+//! other tenants of its shard served meanwhile; and one call starting a
+//! relay per shard, each message delivered once by its tenant's shard.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use idem_runtime::outbox::{self, Delivered, InProcessSink, Message, Relay};
+use idem_runtime::outbox::{self, Delivered, InProcessSink, Message, RelayHandle};
 use idem_runtime::shard::{
     DirectoryRouter, HashRouter, MoveError, Moved, Router, Shards, TenantMove,
 };
@@ -524,6 +525,91 @@ async fn an_in_flight_claim_during_a_move_is_refused_and_its_retry_runs_once() {
     assert_eq!((payments(0).await, payments(1).await), (2, 1));
 }
 
+/// A relay per shard started by [`Shards::spawn_relays`], delivering to an
+/// in-process sink `events` that counts each message's deliveries (after
+/// `pause`, a slow sink).
+async fn spawn_counting_relays<R: Router>(
+    shards: &Shards<Postgres, R>,
+    deliveries: &Arc<Mutex<HashMap<String, usize>>>,
+    pause: Duration,
+) -> Vec<RelayHandle> {
+    shards
+        .spawn_relays(|relay| {
+            let deliveries = deliveries.clone();
+            let sink = InProcessSink::new("events", move |message| {
+                let deliveries = deliveries.clone();
+                async move {
+                    tokio::time::sleep(pause).await;
+                    *deliveries.lock().unwrap().entry(message.id).or_default() += 1;
+                    Ok(Delivered::Published { receipt: None })
+                }
+            });
+            relay.sink(sink).poll_interval(Duration::from_millis(50))
+        })
+        .await
+        .expect("a relay per shard")
+}
+
+/// Waits until `expected` distinct messages were delivered (30 s at most),
+/// then a little longer, so a second delivery of one would be seen.
+async fn await_deliveries(deliveries: &Mutex<HashMap<String, usize>>, expected: usize) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while deliveries.lock().unwrap().len() < expected {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "messages still undelivered"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_call_starts_a_relay_per_shard_and_each_message_is_delivered_once() {
+    let (_servers, engines) = three_shards().await;
+    let shards = Shards::new(engines, HashRouter);
+    shards.migrate().await.expect("migrate every shard");
+    let executed = AtomicUsize::new(0);
+    let tenants: Vec<String> = (0..12).map(|i| format!("tenant-{i}")).collect();
+    for tenant in &tenants {
+        // Message ids derive from the key and the step: keys unique across tenants.
+        for key in ["k-1", "k-2"] {
+            let key = format!("{tenant}-{key}");
+            pay_and_notify(&shards, &charge(tenant, &key), &executed)
+                .await
+                .unwrap();
+        }
+        // A retry replays: no second message.
+        let retry = charge(tenant, &format!("{tenant}-k-1"));
+        let (_, via) = pay_and_notify(&shards, &retry, &executed).await.unwrap();
+        assert_eq!(via, Via::Replayed);
+    }
+    let messages = tenants.len() * 2;
+    assert_eq!(executed.load(Ordering::SeqCst), messages);
+
+    let deliveries: Arc<Mutex<HashMap<String, usize>>> = Arc::default();
+    let relays = spawn_counting_relays(&shards, &deliveries, Duration::ZERO).await;
+    assert_eq!(relays.len(), SHARDS);
+    await_deliveries(&deliveries, messages).await;
+    let mut published = Vec::new();
+    for relay in relays {
+        published.push(relay.shutdown().await.published);
+    }
+    let deliveries = deliveries.lock().unwrap().clone();
+    assert_eq!(deliveries.len(), messages);
+    assert!(
+        deliveries.values().all(|&n| n == 1),
+        "a message delivered twice: {deliveries:?}"
+    );
+    // Each shard's relay delivered its own tenants' messages, and only those.
+    let mut expected = vec![0u64; SHARDS];
+    for tenant in &tenants {
+        expected[HashRouter::index(tenant, SHARDS)] += 2;
+    }
+    assert_eq!(published, expected);
+    assert!(expected.iter().all(|&n| n > 0), "{expected:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn outbox_messages_are_delivered_once_across_a_move() {
     let (_servers, shards) = directory_shards(&["acme"]).await;
@@ -537,37 +623,11 @@ async fn outbox_messages_are_delivered_once_across_a_move() {
     // A relay per shard, delivering slowly, so the move meets messages
     // that are leased, delivered and pending.
     let deliveries: Arc<Mutex<HashMap<String, usize>>> = Arc::default();
-    let mut relays = Vec::new();
-    for engine in shards.engines() {
-        let deliveries = deliveries.clone();
-        let sink = InProcessSink::new("events", move |message| {
-            let deliveries = deliveries.clone();
-            async move {
-                tokio::time::sleep(Duration::from_millis(15)).await;
-                *deliveries.lock().unwrap().entry(message.id).or_default() += 1;
-                Ok(Delivered::Published { receipt: None })
-            }
-        });
-        let relay = Relay::new(engine)
-            .sink(sink)
-            .poll_interval(Duration::from_millis(50))
-            .spawn()
-            .await
-            .unwrap();
-        relays.push(relay);
-    }
+    let relays = spawn_counting_relays(&shards, &deliveries, Duration::from_millis(15)).await;
     tokio::time::sleep(Duration::from_millis(100)).await;
     let moved = TenantMove::new("acme", 2).run(&shards).await.unwrap();
     assert_eq!((moved.from, moved.to), (0, 2));
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    while deliveries.lock().unwrap().len() < MESSAGES {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "messages still undelivered"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    await_deliveries(&deliveries, MESSAGES).await;
     for relay in relays {
         relay.shutdown().await;
     }
@@ -585,5 +645,125 @@ async fn outbox_messages_are_delivered_once_across_a_move() {
     assert_eq!(
         moved.messages as i64, rows[2].2,
         "every copied message sent once, from the target"
+    );
+}
+
+/// A recorded series: its name, its labels and its count (the counter's
+/// value, the histogram's samples).
+type Series = (String, Vec<(String, String)>, u64);
+
+/// The `shard` label of each series named `name` recorded by `step`
+/// (or with no `step` label when `step` is `None`), summed per label value
+/// (`None`: the series carry no `shard` label).
+fn counts_by_shard(
+    snapshot: &[Series],
+    name: &str,
+    step: Option<&str>,
+) -> HashMap<Option<String>, u64> {
+    let mut counts = HashMap::new();
+    for (series, labels, count) in snapshot {
+        let label = |wanted: &str| {
+            labels
+                .iter()
+                .find(|(key, _)| key == wanted)
+                .map(|(_, value)| value.clone())
+        };
+        if series == name && label("step").as_deref() == step {
+            *counts.entry(label("shard")).or_default() += count;
+        }
+    }
+    counts
+}
+
+#[test]
+fn a_sharded_engines_series_carry_its_shard_label() {
+    use idem_runtime::metrics::{CLAIMS, CLAIM_WAIT, OUTBOX_PUBLISHED};
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+
+    // A recorder of this test's own: a current-thread runtime under
+    // `with_local_recorder`, so every task it polls records here.
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let tenants: Vec<String> = (0..9).map(|i| format!("tenant-{i}")).collect();
+    let _servers = metrics::with_local_recorder(&recorder, || {
+        runtime.block_on(async {
+            let (servers, engines) = three_shards().await;
+            let unsharded = engines[0].clone();
+            let shards = Shards::new(engines, HashRouter);
+            shards.migrate().await.unwrap();
+            assert_eq!(unsharded.shard(), None);
+            let indexes: Vec<_> = shards.engines().iter().map(Engine::shard).collect();
+            assert_eq!(indexes, [Some(0), Some(1), Some(2)]);
+
+            let executed = AtomicUsize::new(0);
+            for tenant in &tenants {
+                let op = charge(tenant, &format!("{tenant}-k"));
+                pay_and_notify(&shards, &op, &executed).await.unwrap();
+                pay_and_notify(&shards, &op, &executed).await.unwrap();
+            }
+            let bare = Operation::new(
+                Scope::tenant("acme"),
+                IdempotencyKey::new("bare-k").unwrap(),
+                "bare.v1",
+                &1,
+            );
+            unsharded
+                .run(&bare, async |_tx| Ok::<_, Problem>(1))
+                .await
+                .unwrap();
+
+            let deliveries: Arc<Mutex<HashMap<String, usize>>> = Arc::default();
+            let relays = spawn_counting_relays(&shards, &deliveries, Duration::ZERO).await;
+            await_deliveries(&deliveries, tenants.len()).await;
+            for relay in relays {
+                relay.shutdown().await;
+            }
+            servers
+        })
+    });
+
+    let snapshot: Vec<Series> = snapshotter
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .map(|(key, _, _, value)| {
+            let key = key.key();
+            let labels = key
+                .labels()
+                .map(|l| (l.key().to_owned(), l.value().to_owned()))
+                .collect();
+            let count = match value {
+                DebugValue::Counter(n) => n,
+                DebugValue::Histogram(values) => values.len() as u64,
+                DebugValue::Gauge(_) => 1,
+            };
+            (key.name().to_owned(), labels, count)
+        })
+        .collect();
+    let mut per_shard: HashMap<Option<String>, u64> = HashMap::new();
+    for tenant in &tenants {
+        let shard = HashRouter::index(tenant, SHARDS).to_string();
+        *per_shard.entry(Some(shard)).or_default() += 1;
+    }
+    let twice: HashMap<_, _> = per_shard.iter().map(|(k, n)| (k.clone(), n * 2)).collect();
+    // Each tenant's claim and its replay, on its own shard's label.
+    assert_eq!(counts_by_shard(&snapshot, CLAIMS, Some("charge.v1")), twice);
+    assert_eq!(
+        counts_by_shard(&snapshot, CLAIM_WAIT, Some("charge.v1")),
+        twice
+    );
+    // Each tenant's message, delivered by its shard's relay.
+    assert_eq!(
+        counts_by_shard(&snapshot, OUTBOX_PUBLISHED, None),
+        per_shard
+    );
+    // The engine outside `Shards` records no `shard` label.
+    assert_eq!(
+        counts_by_shard(&snapshot, CLAIMS, Some("bare.v1")),
+        HashMap::from([(None, 1)])
     );
 }

@@ -25,6 +25,7 @@ mod netdelay;
 mod outbox;
 mod pg;
 mod report;
+mod shards;
 mod storm;
 mod svg;
 mod target;
@@ -39,6 +40,9 @@ use idem_test_support::{MySqlServer, PgServer};
 use report::{BackendReport, Report};
 use target::{BenchError, Target};
 use throughput::Scenario;
+
+/// Clients of the shards scenario.
+const SHARD_CLIENTS: usize = 32;
 
 #[global_allocator]
 static GLOBAL: alloc::Counting = alloc::Counting;
@@ -165,7 +169,7 @@ fn parse_args() -> Result<Config, BenchError> {
             "--bench" => {} // passed by `cargo bench`
             "-h" | "--help" => {
                 println!(
-                    "idem-bench [--smoke | --quick] [--rounds N] [--ops N] [--growth [--growth-sizes 0,1000000,5000000]] [--floors] [--only postgres|mysql|sqlite|outbox] [--scenarios idem,seed-sql,...] [--clients 1,8,32] [--out FILE.json] [--svg FILE.svg] [--md FILE.md] [--database-url URL [--setup-url URL] [--pooler session|transaction]]"
+                    "idem-bench [--smoke | --quick] [--rounds N] [--ops N] [--growth [--growth-sizes 0,1000000,5000000]] [--floors] [--only postgres|mysql|sqlite|outbox|shards] [--scenarios idem,seed-sql,...] [--clients 1,8,32] [--out FILE.json] [--svg FILE.svg] [--md FILE.md] [--database-url URL [--setup-url URL] [--pooler session|transaction]]"
                 );
                 std::process::exit(0);
             }
@@ -327,6 +331,30 @@ async fn run(cfg: Config) -> Result<Report, BenchError> {
         _ => None,
     };
 
+    // Two more servers: in full runs and `--only shards`, not in smoke runs.
+    let shards = if wants("shards") && cfg.mode != "smoke" {
+        eprintln!("== postgres: 1 vs 3 shards at {SHARD_CLIENTS} clients ==");
+        let mut servers = vec![server];
+        for _ in 1..3 {
+            servers.push(
+                PgServer::start(pg::SETTINGS).map_err(|e| format!("starting Postgres: {e}"))?,
+            );
+        }
+        let connections = connections.max(SHARD_CLIENTS as u32);
+        let result = shards::run(
+            &servers,
+            connections,
+            SHARD_CLIENTS,
+            cfg.ops,
+            cfg.rounds,
+            &run_id,
+        )
+        .await?;
+        Some(result)
+    } else {
+        None
+    };
+
     let ratios = report::ratios(&backends, &cfg.clients);
     eprintln!("done in {:.0}s", started.elapsed().as_secs_f64());
     Ok(Report {
@@ -341,6 +369,7 @@ async fn run(cfg: Config) -> Result<Report, BenchError> {
         outbox,
         netdelay,
         floors,
+        shards,
     })
 }
 
@@ -374,6 +403,7 @@ async fn given_database(
         outbox: None,
         netdelay: None,
         floors: None,
+        shards: None,
     })
 }
 

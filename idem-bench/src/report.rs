@@ -67,6 +67,8 @@ pub struct Report {
     pub netdelay: Option<NetDelayResult>,
     /// What each statement of the fresh Postgres path costs (`--floors`).
     pub floors: Option<FloorsResult>,
+    /// Throughput through 1 and 3 shards (`--only shards`).
+    pub shards: Option<crate::shards::ShardsResult>,
 }
 
 fn throughput(b: &BackendReport, scenario: &str, clients: usize) -> Option<f64> {

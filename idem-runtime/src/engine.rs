@@ -10,7 +10,7 @@ use sqlx::{Pool, Transaction};
 use crate::batch::{Batcher, NoTurn, Solo, Turn};
 use crate::error::{whole_seconds, IdemError};
 use crate::faults::FaultPoint;
-use crate::metrics::{self, ClaimOutcome};
+use crate::metrics::{self, ClaimOutcome, ShardLabel};
 use crate::operation::Operation;
 use crate::outcome::{Outcome, ReplayError, StoredResponse};
 use crate::policy::{ClaimMode, FailureMode, Policy};
@@ -152,6 +152,8 @@ pub struct Engine<DB: Backend> {
     batcher: Option<Arc<Batcher<DB>>>,
     /// The records this process completed, if the engine keeps them.
     replay_cache: Option<Arc<ReplayCache>>,
+    /// The `shard` label of its series, when it is one of a `Shards`.
+    shard: ShardLabel,
 }
 
 impl<DB: Backend> Clone for Engine<DB> {
@@ -163,6 +165,7 @@ impl<DB: Backend> Clone for Engine<DB> {
             counters: self.counters.clone(),
             batcher: self.batcher.clone(),
             replay_cache: self.replay_cache.clone(),
+            shard: self.shard.clone(),
         }
     }
 }
@@ -197,6 +200,7 @@ impl<DB: Backend> Engine<DB> {
             counters: Arc::default(),
             batcher: DB::SERIALIZE_WRITERS.then(|| Arc::new(Batcher::new(None))),
             replay_cache: None,
+            shard: ShardLabel::NONE,
         }
     }
 
@@ -254,6 +258,33 @@ impl<DB: Backend> Engine<DB> {
     /// same database (one sized differently, say).
     pub fn with_pool(self, pool: Pool<DB>) -> Self {
         Self { pool, ..self }
+    }
+
+    /// Marks this engine as shard `index` of a
+    /// [`Shards`](crate::shard::Shards) (which calls this for each of its
+    /// engines): the series it, its relay and its purger record carry the
+    /// label `shard="<index>"` (see [`crate::metrics`]).
+    ///
+    /// ```no_run
+    /// # async fn demo(url: &str) -> Result<(), sqlx::Error> {
+    /// use idem_runtime::Engine;
+    /// let engine = Engine::<sqlx::Postgres>::connect_postgres(url).await?.with_shard(2);
+    /// assert_eq!(engine.shard(), Some(2));
+    /// # Ok(()) }
+    /// ```
+    pub fn with_shard(mut self, index: usize) -> Self {
+        self.shard = ShardLabel::of(index);
+        self
+    }
+
+    /// The shard index set by [`Engine::with_shard`]; `None` for an
+    /// unsharded engine.
+    pub fn shard(&self) -> Option<usize> {
+        self.shard.index()
+    }
+
+    pub(crate) fn shard_label(&self) -> &ShardLabel {
+        &self.shard
     }
 
     /// The pool, for the application's own queries.
@@ -418,7 +449,7 @@ impl<DB: Backend> Engine<DB> {
             Ok(Claim::Execute(guard)) => guard.via.into(),
             Err(error) => ClaimOutcome::of_error(error),
         };
-        metrics::claim(op.step, outcome, asked.elapsed());
+        metrics::claim(&self.shard, op.step, outcome, asked.elapsed());
         answer
     }
 
@@ -575,6 +606,7 @@ impl<DB: Backend> Engine<DB> {
             // write lock while the work runs; a transactional one holds both.
             permit: if token.is_none() { permit } else { None },
             claimed_at: Instant::now(),
+            shard: self.shard.clone(),
             enqueues_seen: crate::outbox::wake::enqueues_so_far(),
             cache: self.replay_cache.clone().map(|cache| (cache, asked)),
         };
@@ -606,6 +638,7 @@ impl<DB: Backend> Engine<DB> {
                     pool: self.pool.clone(),
                     permit: None,
                     claimed_at: Instant::now(),
+                    shard: self.shard.clone(),
                     enqueues_seen: crate::outbox::wake::enqueues_so_far(),
                     cache: self
                         .replay_cache
@@ -667,6 +700,7 @@ impl<DB: Backend> Engine<DB> {
                 pool: self.pool.clone(),
                 permit: None,
                 claimed_at: Instant::now(),
+                shard: self.shard.clone(),
                 enqueues_seen: crate::outbox::wake::enqueues_so_far(),
                 cache: None,
             })),
@@ -708,6 +742,8 @@ pub struct ClaimGuard<DB: Backend> {
     permit: Option<Solo<DB>>,
     /// When the claim was granted: the work's duration is measured from here.
     claimed_at: Instant,
+    /// The engine's `shard` label, on the finish's series.
+    shard: ShardLabel,
     /// The process's enqueue count when the claim was granted: a commit after
     /// the work enqueued wakes the relays.
     enqueues_seen: u64,
@@ -764,9 +800,9 @@ impl<DB: Backend> ClaimGuard<DB> {
     /// Stores the response and commits, or rolls back on `None`; records
     /// the work's duration and how the claim ended.
     async fn settle(self, response: Option<StoredResponse>) -> Result<(), IdemError> {
-        let (step, worked) = (self.op.step, self.claimed_at.elapsed());
+        let (step, worked, shard) = (self.op.step, self.claimed_at.elapsed(), self.shard.clone());
         let result = self.settle_unrecorded(response).await;
-        metrics::finished(step, worked, &result);
+        metrics::finished(&shard, step, worked, &result);
         result
     }
 
@@ -782,6 +818,7 @@ impl<DB: Backend> ClaimGuard<DB> {
             pool,
             permit: _permit,
             claimed_at: _,
+            shard: _,
             enqueues_seen,
             cache,
         } = self;

@@ -6,6 +6,12 @@
 //! constants), fixed outcome words, sink names chosen by the application. Keys,
 //! scopes and tenants are never labels.
 //!
+//! An engine built into [`Shards`](crate::shard::Shards) (see
+//! [`Engine::with_shard`](crate::Engine::with_shard)) adds a `shard` label,
+//! its index (`"0"`, `"1"`, …), to the series it, its relay and its purger
+//! record: the claims, handler, purge and outbox series below. An unsharded
+//! engine's series carry no `shard` label.
+//!
 //! | name | kind | labels | what |
 //! |---|---|---|---|
 //! | `idem_claims_total` | counter | `step`, `outcome` | one per claim or finish, by outcome (below) |
@@ -42,9 +48,46 @@
 //! [`outbox_published`], [`outbox_dead`], [`outbox_relay_lag`] and
 //! [`inbox_message`].
 
+use std::sync::Arc;
 use std::time::Duration;
 
+use metrics::{Label, SharedString};
+
 use crate::error::IdemError;
+
+/// The `shard` label of an engine built into
+/// [`Shards`](crate::shard::Shards): its index, kept as text once so that
+/// recording a series does not format it again. Unsharded engines have none.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct ShardLabel(Option<(usize, SharedString)>);
+
+impl ShardLabel {
+    /// No `shard` label: an unsharded engine.
+    pub(crate) const NONE: Self = Self(None);
+
+    /// The label of shard `index`.
+    pub(crate) fn of(index: usize) -> Self {
+        let text: Arc<str> = Arc::from(index.to_string());
+        Self(Some((index, SharedString::from_shared(text))))
+    }
+
+    /// The shard's index, if there is one.
+    pub(crate) fn index(&self) -> Option<usize> {
+        self.0.as_ref().map(|(index, _)| *index)
+    }
+
+    /// `labels`, and `shard` after them if there is one.
+    fn on<const N: usize>(&self, labels: [(&'static str, SharedString); N]) -> Vec<Label> {
+        let mut all: Vec<Label> = labels
+            .into_iter()
+            .map(|(key, value)| Label::new(key, value))
+            .collect();
+        if let Some((_, shard)) = &self.0 {
+            all.push(Label::new("shard", shard.clone()));
+        }
+        all
+    }
+}
 
 /// Claims by step and outcome (counter; labels `step`, `outcome`).
 pub const CLAIMS: &str = "idem_claims_total";
@@ -136,20 +179,36 @@ impl ClaimOutcome {
 
 /// Counts one claim outcome for `step`.
 pub fn claim_outcome(step: &'static str, outcome: ClaimOutcome) {
-    metrics::counter!(CLAIMS, "step" => step, "outcome" => outcome.as_str()).increment(1);
+    claim_outcome_on(&ShardLabel::NONE, step, outcome);
+}
+
+fn claim_outcome_on(shard: &ShardLabel, step: &'static str, outcome: ClaimOutcome) {
+    let labels = shard.on([("step", step.into()), ("outcome", outcome.as_str().into())]);
+    metrics::counter!(CLAIMS, labels).increment(1);
 }
 
 /// Records a claim's answer and how long it took to get it.
-pub(crate) fn claim(step: &'static str, outcome: ClaimOutcome, waited: Duration) {
-    claim_outcome(step, outcome);
-    metrics::histogram!(CLAIM_WAIT, "step" => step).record(waited.as_secs_f64());
+pub(crate) fn claim(
+    shard: &ShardLabel,
+    step: &'static str,
+    outcome: ClaimOutcome,
+    waited: Duration,
+) {
+    claim_outcome_on(shard, step, outcome);
+    metrics::histogram!(CLAIM_WAIT, shard.on([("step", step.into())])).record(waited.as_secs_f64());
 }
 
 /// Records the work's duration under a claim, and a fenced finish.
-pub(crate) fn finished(step: &'static str, worked: Duration, result: &Result<(), IdemError>) {
-    metrics::histogram!(HANDLER_DURATION, "step" => step).record(worked.as_secs_f64());
+pub(crate) fn finished(
+    shard: &ShardLabel,
+    step: &'static str,
+    worked: Duration,
+    result: &Result<(), IdemError>,
+) {
+    metrics::histogram!(HANDLER_DURATION, shard.on([("step", step.into())]))
+        .record(worked.as_secs_f64());
     if let Err(error @ IdemError::LockLost) = result {
-        claim_outcome(step, ClaimOutcome::of_error(error));
+        claim_outcome_on(shard, step, ClaimOutcome::of_error(error));
     }
 }
 
@@ -159,15 +218,16 @@ pub(crate) fn batch_committed(claims: usize) {
 }
 
 /// Records one purge run.
-pub(crate) fn purged(result: &Result<u64, sqlx::Error>, took: Duration) {
+pub(crate) fn purged(shard: &ShardLabel, result: &Result<u64, sqlx::Error>, took: Duration) {
     let label = match result {
         Ok(rows) => {
-            metrics::counter!(PURGE_ROWS).increment(*rows);
+            metrics::counter!(PURGE_ROWS, shard.on([])).increment(*rows);
             "ok"
         }
         Err(_) => "error",
     };
-    metrics::histogram!(PURGE_DURATION, "result" => label).record(took.as_secs_f64());
+    metrics::histogram!(PURGE_DURATION, shard.on([("result", label.into())]))
+        .record(took.as_secs_f64());
 }
 
 /// Sets the outbox backlog: how many messages wait, and the oldest one's age.
@@ -177,8 +237,13 @@ pub(crate) fn purged(result: &Result<u64, sqlx::Error>, took: Duration) {
 /// idem_runtime::metrics::outbox_pending(12, std::time::Duration::from_secs(3));
 /// ```
 pub fn outbox_pending(pending: u64, oldest: Duration) {
-    metrics::gauge!(OUTBOX_PENDING).set(pending as f64);
-    metrics::gauge!(OUTBOX_OLDEST_PENDING).set(oldest.as_secs_f64());
+    outbox_pending_on(&ShardLabel::NONE, pending, oldest);
+}
+
+/// [`outbox_pending`] for one shard's relay.
+pub(crate) fn outbox_pending_on(shard: &ShardLabel, pending: u64, oldest: Duration) {
+    metrics::gauge!(OUTBOX_PENDING, shard.on([])).set(pending as f64);
+    metrics::gauge!(OUTBOX_OLDEST_PENDING, shard.on([])).set(oldest.as_secs_f64());
 }
 
 /// The result of one outbox delivery attempt: the `result` label of [`OUTBOX_PUBLISHED`].
@@ -211,21 +276,42 @@ impl PublishResult {
 /// outbox_published("webhooks", PublishResult::Ok);
 /// ```
 pub fn outbox_published(sink: &str, result: PublishResult) {
-    metrics::counter!(OUTBOX_PUBLISHED, "sink" => sink.to_owned(), "result" => result.as_str())
-        .increment(1);
+    outbox_published_on(&ShardLabel::NONE, sink, result);
+}
+
+/// [`outbox_published`] for one shard's relay.
+pub(crate) fn outbox_published_on(shard: &ShardLabel, sink: &str, result: PublishResult) {
+    let labels = shard.on([
+        ("sink", sink.to_owned().into()),
+        ("result", result.as_str().into()),
+    ]);
+    metrics::counter!(OUTBOX_PUBLISHED, labels).increment(1);
     if result == PublishResult::Dead {
-        outbox_dead(sink);
+        outbox_dead_on(shard, sink);
     }
 }
 
 /// Counts a message given up on by `sink`'s relay.
 pub fn outbox_dead(sink: &str) {
-    metrics::counter!(OUTBOX_DEAD, "sink" => sink.to_owned()).increment(1);
+    outbox_dead_on(&ShardLabel::NONE, sink);
+}
+
+fn outbox_dead_on(shard: &ShardLabel, sink: &str) {
+    metrics::counter!(OUTBOX_DEAD, shard.on([("sink", sink.to_owned().into())])).increment(1);
 }
 
 /// Records the lag from a message's commit to its delivery through `sink`.
 pub fn outbox_relay_lag(sink: &str, lag: Duration) {
-    metrics::histogram!(OUTBOX_RELAY_LAG, "sink" => sink.to_owned()).record(lag.as_secs_f64());
+    outbox_relay_lag_on(&ShardLabel::NONE, sink, lag);
+}
+
+/// [`outbox_relay_lag`] for one shard's relay.
+pub(crate) fn outbox_relay_lag_on(shard: &ShardLabel, sink: &str, lag: Duration) {
+    metrics::histogram!(
+        OUTBOX_RELAY_LAG,
+        shard.on([("sink", sink.to_owned().into())])
+    )
+    .record(lag.as_secs_f64());
 }
 
 /// What a consumer did with one message: the `result` label of [`INBOX_MESSAGES`].

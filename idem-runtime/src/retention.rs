@@ -75,7 +75,7 @@ impl<DB: Backend> Engine<DB> {
             }
         }
         .await;
-        metrics::purged(&result, started.elapsed());
+        metrics::purged(self.shard_label(), &result, started.elapsed());
         result
     }
 

@@ -27,6 +27,7 @@ use std::future::Future;
 use std::time::Duration;
 
 use crate::engine::unavailable;
+use crate::outbox::{Relay, RelayError, RelayHandle};
 use crate::{Backend, Engine, IdemError, Purger, Scope};
 use sha2::{Digest, Sha256};
 
@@ -185,13 +186,20 @@ impl<DB: Backend, R: Router + std::fmt::Debug> std::fmt::Debug for Shards<DB, R>
 }
 
 impl<DB: Backend, R: Router> Shards<DB, R> {
-    /// The shards, in the order the router's indexes name them.
+    /// The shards, in the order the router's indexes name them. Each
+    /// engine is marked with its index ([`Engine::with_shard`]), so its
+    /// series, its relay's and its purger's carry a `shard` label.
     ///
     /// # Panics
     ///
     /// If `engines` is empty.
     pub fn new(engines: Vec<Engine<DB>>, router: R) -> Self {
         assert!(!engines.is_empty(), "Shards::new needs at least one engine");
+        let engines = engines
+            .into_iter()
+            .enumerate()
+            .map(|(index, engine)| engine.with_shard(index))
+            .collect();
         Self { engines, router }
     }
 
@@ -234,5 +242,49 @@ impl<DB: Backend, R: Router> Shards<DB, R> {
             .iter()
             .map(|engine| engine.spawn_purger(every, batch))
             .collect()
+    }
+
+    /// One relay per shard, each built by `configure` from
+    /// [`Relay::new`] on that shard's engine (so every shard gets the same
+    /// sinks and settings) and started with [`Relay::spawn`]. The handles
+    /// come back in shard order. If one fails to start, the ones already
+    /// started are shut down and its error returned.
+    ///
+    /// ```no_run
+    /// # async fn demo(shards: idem_runtime::shard::Shards<sqlx::Postgres>) -> Result<(), idem_runtime::outbox::RelayError> {
+    /// use std::time::Duration;
+    /// use idem_runtime::outbox::{Delivered, InProcessSink};
+    /// let relays = shards
+    ///     .spawn_relays(|relay| {
+    ///         relay
+    ///             .sink(InProcessSink::new("events", |_message| async {
+    ///                 Ok(Delivered::Published { receipt: None })
+    ///             }))
+    ///             .poll_interval(Duration::from_millis(200))
+    ///     })
+    ///     .await?;
+    /// // ... serve ...
+    /// for relay in relays {
+    ///     relay.shutdown().await;
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub async fn spawn_relays(
+        &self,
+        configure: impl Fn(Relay<DB>) -> Relay<DB>,
+    ) -> Result<Vec<RelayHandle>, RelayError> {
+        let mut relays = Vec::with_capacity(self.engines.len());
+        for engine in &self.engines {
+            match configure(Relay::new(engine)).spawn().await {
+                Ok(relay) => relays.push(relay),
+                Err(error) => {
+                    for relay in relays {
+                        relay.shutdown().await;
+                    }
+                    return Err(error);
+                }
+            }
+        }
+        Ok(relays)
     }
 }

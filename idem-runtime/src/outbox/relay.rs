@@ -41,7 +41,7 @@ use super::wake::{wake_relays, ENQUEUES, WAKE};
 use super::DEFAULT_MAX_ATTEMPTS;
 use crate::engine::Engine;
 use crate::faults::{abort_at, FaultPoint, ENABLED};
-use crate::metrics::{self, PublishResult};
+use crate::metrics::{self, PublishResult, ShardLabel};
 use crate::store::outbox::{Claimed, Settlement};
 use crate::store::Backend;
 use crate::IdempotencyKey;
@@ -207,6 +207,8 @@ pub struct Relay<DB: Backend> {
     fault: Option<FaultPoint>,
     listen: bool,
     counters: Arc<Counters>,
+    /// The engine's `shard` label, on the relay's series.
+    shard: ShardLabel,
 }
 
 impl<DB: Backend> fmt::Debug for Relay<DB> {
@@ -247,6 +249,7 @@ impl<DB: Backend> Relay<DB> {
             fault: None,
             listen: false,
             counters: Arc::default(),
+            shard: engine.shard_label().clone(),
         }
     }
 
@@ -569,9 +572,11 @@ impl<DB: Backend> Worker<DB> {
 /// Sets the backlog gauges (`idem_outbox_pending`, `idem_outbox_oldest_pending_seconds`).
 async fn report_backlog<DB: Backend>(relay: &Relay<DB>) {
     match DB::outbox_backlog(&relay.pool).await {
-        Ok(backlog) => {
-            metrics::outbox_pending(backlog.pending, backlog.oldest_pending.unwrap_or_default())
-        }
+        Ok(backlog) => metrics::outbox_pending_on(
+            &relay.shard,
+            backlog.pending,
+            backlog.oldest_pending.unwrap_or_default(),
+        ),
         Err(error) => tracing::warn!(%error, "reading the outbox backlog failed"),
     }
 }
@@ -764,13 +769,17 @@ fn record<DB: Backend>(
     let attempt = claimed.message.attempt;
     if settled {
         counter.fetch_add(1, Ordering::Relaxed);
-        metrics::outbox_published(&claimed.sink, delivery);
+        metrics::outbox_published_on(&relay.shard, &claimed.sink, delivery);
         if delivery == PublishResult::Ok {
             let now_ms = std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |now| now.as_millis() as i64);
             let lag = now_ms.saturating_sub(claimed.created_at_ms).max(0);
-            metrics::outbox_relay_lag(&claimed.sink, Duration::from_millis(lag as u64));
+            metrics::outbox_relay_lag_on(
+                &relay.shard,
+                &claimed.sink,
+                Duration::from_millis(lag as u64),
+            );
         }
     } else {
         tracing::warn!(message_id = %id, attempt, "outbox relay lost its lease before settling; fenced");
