@@ -368,10 +368,7 @@ impl TenantMove {
         abort_at(self.fault, FaultPoint::TenantMoveAfterFlip);
 
         // 6 and 7. The source's copies, then the directory's record of the move.
-        delete_tenant(&mut fenced, &self.tenant).await?;
-        let _ = fenced.close().await;
-        abort_at(self.fault, FaultPoint::TenantMoveAfterDelete);
-        self.clear_moved_from(directory).await?;
+        self.finish(directory, fenced).await?;
         Ok(Moved {
             from,
             to: self.to,
@@ -513,20 +510,21 @@ impl TenantMove {
         directory: &PgPool,
         source: &PgPool,
     ) -> Result<(), MoveError> {
-        let mut fenced = self.lock_tenant(source).await?;
+        let fenced = self.lock_tenant(source).await?;
+        self.finish(directory, fenced).await
+    }
+
+    /// Steps 6 and 7 on the connection holding the tenant's lock on the
+    /// source: its copies there deleted, then `moved_from` cleared.
+    async fn finish(&self, directory: &PgPool, mut fenced: PgConnection) -> Result<(), MoveError> {
         delete_tenant(&mut fenced, &self.tenant).await?;
         let _ = fenced.close().await;
         abort_at(self.fault, FaultPoint::TenantMoveAfterDelete);
-        self.clear_moved_from(directory).await?;
-        Ok(())
-    }
-
-    async fn clear_moved_from(&self, directory: &PgPool) -> Result<(), sqlx::Error> {
         sqlx::query("UPDATE idem_tenant_shards SET moved_from = NULL WHERE tenant = $1")
             .bind(&self.tenant)
             .execute(directory)
-            .await
-            .map(drop)
+            .await?;
+        Ok(())
     }
 }
 
