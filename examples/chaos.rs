@@ -87,6 +87,7 @@ use idem::outbox::{self, Backoff};
 use idem::{Engine, IdempotencyKey, Policy};
 use idem_client::reqwest_middleware::ClientWithMiddleware;
 use idem_client::{ClientError, RequestBuilderExt, ResponseExt, RetryPolicy};
+use idem_test_support::free_port;
 use notifications::NotificationLog;
 use orders::{OrderBook, Orders};
 use payments::Ledger;
@@ -383,19 +384,6 @@ impl Service {
 /// A line on stderr about the run itself (not a result).
 fn note(note: &str) {
     eprintln!("chaos: {note}");
-}
-
-/// A free port for a service, below the kernel's ephemeral range (32768 and
-/// up on Linux): a killed service is restarted on its port, and a port in
-/// that range may meanwhile be taken by any outgoing connection.
-fn free_port() -> Result<u16, BoxError> {
-    for _ in 0..1000 {
-        let port = fastrand::u16(20_000..32_000);
-        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
-            return Ok(port);
-        }
-    }
-    Err("no free port in 20000-31999".into())
 }
 
 // ---------------------------------------------------------------------------

@@ -64,14 +64,6 @@ async fn start(store: &str, grpc_port: u16) -> Child {
     child
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// A client whose calls keep their key across retries, long enough to ride
 /// out the restart.
 fn client(grpc_port: u16) -> PaymentsClient<IdempotentRetry<Channel>> {
@@ -137,7 +129,7 @@ async fn client_retries_through_a_restart<DB: TestBackend + Ledger>(
     _: impl AsyncFn(Policy) -> Harness<DB>,
 ) {
     let db = DB::test_db().await;
-    let port = free_port();
+    let port = idem_test_support::free_port().expect("free port");
     let mut server = start(db.url(), port).await;
     let client = client(port);
 

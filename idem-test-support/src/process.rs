@@ -38,13 +38,18 @@ pub(crate) fn server_dir(prefix: &str, durable: bool) -> Result<PathBuf, String>
         .map_err(|e| format!("a directory under {}: {e}", parent.display()))
 }
 
-/// A free TCP port on 127.0.0.1 (free when asked: bind it soon).
+/// A free TCP port on 127.0.0.1 (free when asked: bind it soon), below the
+/// kernel's ephemeral range (32768 and up on Linux): a server stopped and
+/// started again on its port would otherwise find it taken, meanwhile, by
+/// any outgoing connection.
 pub fn free_port() -> Result<u16, String> {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| format!("bind: {e}"))?;
-    listener
-        .local_addr()
-        .map(|a| a.port())
-        .map_err(|e| format!("local_addr: {e}"))
+    for _ in 0..1000 {
+        let port = fastrand::u16(20_000..32_000);
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return Ok(port);
+        }
+    }
+    Err("no free port in 20000-31999".to_owned())
 }
 
 /// Runs `cmd` to its end; `Err` with its output unless it succeeded.

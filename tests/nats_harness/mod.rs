@@ -82,13 +82,6 @@ fn nats_server() -> String {
     std::env::var("IDEM_NATS_SERVER").unwrap_or_else(|_| "nats-server".to_owned())
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|listener| listener.local_addr())
-        .map(|addr| addr.port())
-        .expect("free port")
-}
-
 fn wait_for_port(port: u16, log: &std::path::Path) {
     let deadline = Instant::now() + Duration::from_secs(20);
     while Instant::now() < deadline {
@@ -108,7 +101,7 @@ fn node(name: &str, cluster: Option<(&str, u16, Vec<u16>)>) -> NatsNode {
         .prefix("idem-nats-")
         .tempdir()
         .expect("temp dir");
-    let port = free_port();
+    let port = idem_test_support::free_port().expect("free port");
     let mut args = vec![
         "-a".to_owned(),
         "127.0.0.1".to_owned(),
@@ -163,7 +156,9 @@ impl NatsCluster {
     /// Starts the three nodes (JetStream needs a few seconds to elect a
     /// meta leader; use [`NatsCluster::jetstream`] to wait for it).
     pub fn start() -> Self {
-        let cluster_ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
+        let cluster_ports: Vec<u16> = (0..3)
+            .map(|_| idem_test_support::free_port().expect("free port"))
+            .collect();
         let mut nodes: Vec<NatsNode> = (0..3)
             .map(|i| {
                 let peers = cluster_ports
