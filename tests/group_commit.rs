@@ -185,6 +185,53 @@ async fn killed_at_the_batch_commit<DB: TestBackend>(harness: impl AsyncFn(Polic
     }
 }
 
+/// Another writer of the database file (another process, here another
+/// connection) holds its write lock: a repeat is answered from the record
+/// at once, without waiting for the lock, and a fresh key waits for it and
+/// then runs once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_repeat_never_waits_for_another_writer() {
+    use idem::sqlx::{Connection, Executor, SqliteConnection};
+
+    let h = idem_test_support::stores::sqlite(Policy::default()).await;
+    let charge = async |key: &str| {
+        h.engine
+            .run(&operation("acme", key, 1), async |tx| {
+                <idem::sqlx::Sqlite as TestBackend>::insert_payment(tx, "acme", 1).await?;
+                Ok::<i64, Problem>(1)
+            })
+            .await
+    };
+    assert_eq!(charge("k-done").await.unwrap().via, Via::Executed);
+
+    let mut other = SqliteConnection::connect(h.db.url()).await.unwrap();
+    other.execute("BEGIN IMMEDIATE").await.unwrap();
+    let started = std::time::Instant::now();
+    assert_eq!(charge("k-done").await.unwrap().via, Via::Replayed);
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "the repeat waited {:?} for the other writer",
+        started.elapsed()
+    );
+
+    let fresh = tokio::spawn({
+        let engine = h.engine.clone();
+        async move {
+            engine
+                .run(&operation("acme", "k-fresh", 1), async |tx| {
+                    <idem::sqlx::Sqlite as TestBackend>::insert_payment(tx, "acme", 1).await?;
+                    Ok::<i64, Problem>(1)
+                })
+                .await
+                .map(|answer| answer.via)
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    other.execute("COMMIT").await.unwrap();
+    assert_eq!(fresh.await.unwrap().unwrap(), Via::Executed);
+    assert_eq!((h.payments().await, h.records().await), (2, 2));
+}
+
 on_each_store! {
     stores: sqlite;
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

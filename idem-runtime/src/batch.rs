@@ -137,7 +137,55 @@ impl<DB: Backend> Batcher<DB> {
         policy: &Policy,
         settings: DB::Settings,
     ) -> Result<(Turn<DB>, Option<Record>), NoTurn> {
-        let mut held = self.enter(op, policy.wait_timeout).await?;
+        let held = self.enter(op, policy.wait_timeout).await?;
+        Self::turn_held(held, pool, op, policy, settings).await
+    }
+
+    /// [`Batcher::turn`] at once, if the writer is idle: no batch open, no
+    /// claim of this engine waiting or holding it, and the database's write
+    /// lock free (another process's writer is not waited for). The read
+    /// under the write lock then answers a repeat as well as the read
+    /// before it would, so the claim skips that read: one round trip, the
+    /// one a claim alone would pay beyond the guide's SQL. `None` when the
+    /// writer is in use: the caller reads first, so that a repeat never
+    /// waits for a writer.
+    pub(crate) async fn turn_if_idle(
+        &self,
+        pool: &Pool<DB>,
+        op: &Operation,
+        policy: &Policy,
+        settings: DB::Settings,
+    ) -> Option<Result<(Turn<DB>, Option<Record>), NoTurn>> {
+        if self.shared.queued.load(Ordering::SeqCst) > 0 {
+            return None;
+        }
+        let writer = self.writer.clone().try_lock_owned().ok()?;
+        if writer.batch.is_some() {
+            return None;
+        }
+        *lock(&self.shared.holder) = Some(key_of(op));
+        let held = Held {
+            writer: Some(writer),
+            shared: self.shared.clone(),
+        };
+        let at_once = Policy {
+            wait_timeout: Duration::from_millis(1),
+            ..*policy
+        };
+        match Self::turn_held(held, pool, op, &at_once, settings).await {
+            Err(NoTurn::Busy) => None,
+            turn => Some(turn),
+        }
+    }
+
+    /// A turn for `op` on the writer it holds.
+    async fn turn_held(
+        mut held: Held<DB>,
+        pool: &Pool<DB>,
+        op: &Operation,
+        policy: &Policy,
+        settings: DB::Settings,
+    ) -> Result<(Turn<DB>, Option<Record>), NoTurn> {
         let writer = held.writer();
         writer.roll_back_pending().await;
         let record = match &mut writer.batch {

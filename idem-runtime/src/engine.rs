@@ -460,6 +460,19 @@ impl<DB: Backend> Engine<DB> {
             return Ok(Claim::Replay(Replay { stored }));
         }
         let policy = op.policy.unwrap_or(self.policy);
+        let batched =
+            policy.group_commit.is_some() && policy.claim_mode == ClaimMode::Transactional;
+        if let Some(batcher) = self.batcher.as_ref().filter(|_| batched) {
+            if let Some(turn) = batcher
+                .turn_if_idle(&self.pool, op, &policy, self.settings)
+                .await
+            {
+                return match turn {
+                    Ok((turn, record)) => self.claim_in_turn(op, policy, turn, record).await,
+                    Err(no_turn) => self.no_turn(op, &policy, no_turn).await,
+                };
+            }
+        }
         let mut conn = match self.pool.acquire().await {
             Ok(conn) => conn,
             Err(error) => return self.store_down(op, &policy, error).await,
@@ -513,7 +526,7 @@ impl<DB: Backend> Engine<DB> {
                 // The writer's turn is waited for without a connection: a
                 // storm of duplicates must not drain the pool while it waits.
                 drop(conn);
-                if policy.group_commit.is_some() && policy.claim_mode == ClaimMode::Transactional {
+                if batched {
                     return match batcher.turn(&self.pool, op, &policy, self.settings).await {
                         Ok((turn, record)) => self.claim_in_turn(op, policy, turn, record).await,
                         Err(no_turn) => self.no_turn(op, &policy, no_turn).await,
