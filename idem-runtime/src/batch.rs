@@ -191,11 +191,7 @@ impl<DB: Backend> Batcher<DB> {
         let record = match &mut writer.batch {
             Some(batch) => {
                 batch.savepoint = true;
-                let read = async {
-                    DB::run_raw(&mut batch.tx, SAVEPOINT).await?;
-                    DB::lookup_unlocked(&mut batch.tx, op).await
-                };
-                match read.await {
+                match DB::savepoint_and_lookup(&mut batch.tx, op, SAVEPOINT).await {
                     Ok(record) => record,
                     Err(error) => {
                         writer.abandon(&error);

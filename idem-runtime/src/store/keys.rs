@@ -131,6 +131,20 @@ pub trait Keys: sqlx::Database + Sized {
         op: &'a Operation,
     ) -> impl Future<Output = Result<Option<Record>, sqlx::Error>> + Send + 'a;
 
+    /// A group commit's turn opening on the writer's `conn`: `savepoint` (a
+    /// statement without parameters), then [`Keys::lookup_unlocked`]. A
+    /// backend that can sends both in one call.
+    fn savepoint_and_lookup<'a>(
+        conn: &'a mut Self::Connection,
+        op: &'a Operation,
+        savepoint: &'static str,
+    ) -> impl Future<Output = Result<Option<Record>, sqlx::Error>> + Send + 'a {
+        async move {
+            Self::run_raw(conn, savepoint).await?;
+            Self::lookup_unlocked(conn, op).await
+        }
+    }
+
     /// Writes the completed record: a plain insert when the claim found no
     /// record, an upsert when it replaces an expired or taken-over one.
     fn write_completed<'a>(
@@ -514,7 +528,22 @@ where
     for<'q> DB::Arguments<'q>: IntoArguments<'q, DB>,
     for<'q> &'q str: Encode<'q, DB> + Type<DB>,
 {
-    let row = keyed(DB::SELECT_RECORD, op).fetch_optional(conn).await?;
+    lookup_by::<DB>(conn, op, DB::SELECT_RECORD).await
+}
+
+/// The record's read by `sql`: [`Keys::SELECT_RECORD`], alone or after
+/// statements without parameters sent in the same call.
+pub(crate) async fn lookup_by<'c, DB: Keys>(
+    conn: &'c mut DB::Connection,
+    op: &Operation,
+    sql: &str,
+) -> Result<Option<Record>, sqlx::Error>
+where
+    &'c mut DB::Connection: Executor<'c, Database = DB>,
+    for<'q> DB::Arguments<'q>: IntoArguments<'q, DB>,
+    for<'q> &'q str: Encode<'q, DB> + Type<DB>,
+{
+    let row = keyed(sql, op).fetch_optional(conn).await?;
     row.as_ref().map(DB::decode_record).transpose()
 }
 

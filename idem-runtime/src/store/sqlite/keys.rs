@@ -159,6 +159,16 @@ impl Keys for Sqlite {
         Ok(done.rows_affected() == 1)
     }
 
+    async fn savepoint_and_lookup<'a>(
+        conn: &'a mut SqliteConnection,
+        op: &'a Operation,
+        savepoint: &'static str,
+    ) -> Result<Option<Record>, sqlx::Error> {
+        // One call to the connection's worker: it runs the statements in turn.
+        let sql = format!("{savepoint}; {SELECT_RECORD}");
+        crate::store::keys::lookup_by::<Self>(conn, op, &sql).await
+    }
+
     async fn purge_batch(
         pool: &Pool<Self>,
         batch: u32,
