@@ -142,13 +142,14 @@ impl<DB: Backend> Batcher<DB> {
     }
 
     /// [`Batcher::turn`] at once, if the writer is idle: no batch open, no
-    /// claim of this engine waiting or holding it, and the database's write
-    /// lock free (another process's writer is not waited for). The read
-    /// under the write lock then answers a repeat as well as the read
-    /// before it would, so the claim skips that read: one round trip, the
-    /// one a claim alone would pay beyond the guide's SQL. `None` when the
-    /// writer is in use: the caller reads first, so that a repeat never
-    /// waits for a writer.
+    /// claim of this engine waiting for it or holding it. The read under
+    /// the write lock then answers a repeat as well as the read before it
+    /// would, so the claim skips that read: one round trip, the one a claim
+    /// alone would pay beyond the guide's SQL. `None` when the writer is in
+    /// use, so the caller reads first and a repeat does not wait behind the
+    /// engine's own claims; and when another process held the database's
+    /// write lock for the whole wait, so a repeat is still answered from
+    /// the read rather than refused as busy.
     pub(crate) async fn turn_if_idle(
         &self,
         pool: &Pool<DB>,
@@ -168,11 +169,7 @@ impl<DB: Backend> Batcher<DB> {
             writer: Some(writer),
             shared: self.shared.clone(),
         };
-        let at_once = Policy {
-            wait_timeout: Duration::from_millis(1),
-            ..*policy
-        };
-        match Self::turn_held(held, pool, op, &at_once, settings).await {
+        match Self::turn_held(held, pool, op, policy, settings).await {
             Err(NoTurn::Busy) => None,
             turn => Some(turn),
         }
