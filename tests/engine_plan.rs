@@ -70,6 +70,24 @@ idem_test_support::on_each_store! {
     migrations_are_idempotent_and_live_steps_are_listed,
 }
 
+// The row path with its waits bounded by `SET LOCAL`: the bodies where a
+// claim waits for a key, locks an existing record or takes one over.
+idem_test_support::on_each_store! {
+    stores: postgres_set_local;
+    #[tokio::test]
+    first_attempt_executes_and_retries_replay,
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    concurrent_duplicates_execute_exactly_once,
+    #[tokio::test]
+    replay_after_expiry_executes_anew,
+    #[tokio::test]
+    waiter_on_an_uncommitted_claim_times_out_then_replays,
+    #[tokio::test]
+    expired_in_progress_lock_is_taken_over,
+    #[tokio::test]
+    attempt_that_lost_its_lock_rolls_back,
+}
+
 /// Engines cross threads and tasks.
 #[allow(dead_code)]
 fn _engines_are_send_sync(
@@ -710,18 +728,29 @@ async fn postgres_server_down_fails_closed() {
 }
 
 /// A claim bounds only its own lock waits: the work runs with the session's
-/// `lock_timeout`, for either kind of key lock, on a fresh key and on a key
-/// whose expired record the claim locks.
+/// `lock_timeout`, for either kind of key lock and either way of bounding
+/// the row path's waits, on a fresh key and on a key whose expired record
+/// the claim locks.
 #[tokio::test]
 async fn postgres_work_runs_with_the_sessions_lock_timeout() {
-    use idem_runtime::{IdempotencyKey, KeyLock, Operation, Policy, Problem, Scope, Via};
+    use idem_runtime::{
+        IdempotencyKey, KeyLock, Operation, Policy, Problem, Scope, Via, WaitBound,
+    };
     use std::time::Duration;
-    for key_lock in [KeyLock::Advisory, KeyLock::Row] {
+    for (key_lock, wait_bound) in [
+        (KeyLock::Advisory, WaitBound::SetConfig),
+        (KeyLock::Row, WaitBound::SetConfig),
+        (KeyLock::Row, WaitBound::SetLocal),
+    ] {
         let policy = Policy::default()
             .with_retention(Duration::from_millis(1))
             .with_wait_timeout(Duration::from_millis(750));
         let h = idem_test_support::stores::postgres(policy).await;
-        let engine = h.engine.clone().with_key_lock(key_lock);
+        let engine = h
+            .engine
+            .clone()
+            .with_key_lock(key_lock)
+            .with_wait_bound(wait_bound);
         let op = Operation::new(
             Scope::tenant("acme"),
             IdempotencyKey::new("k").unwrap(),

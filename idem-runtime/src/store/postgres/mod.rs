@@ -43,7 +43,9 @@
 //! with `set_config('lock_timeout', …, true)`, inserts an `in_progress` row
 //! with `INSERT … ON CONFLICT DO NOTHING` (a duplicate waits on the
 //! uncommitted row) or, when the key has a committed record, locks it with
-//! `SELECT … FOR UPDATE`; the completion then upserts over that row.
+//! `SELECT … FOR UPDATE`; the completion then upserts over that row. With
+//! [`WaitBound::SetLocal`] the bound is sent as `SET LOCAL lock_timeout`
+//! instead, which Citus propagates to the workers a transaction touches.
 //!
 //! SQL stays within what Postgres-compatible engines accept where it costs
 //! nothing: no `ctid`, batched deletes by primary key.
@@ -190,6 +192,39 @@ pub enum KeyLock {
     Row,
 }
 
+/// How a claim on the row path ([`KeyLock::Row`]) bounds its wait for a
+/// key another attempt holds, and lifts the bound before the work runs.
+/// Both end with the claim's transaction, so neither leaves anything in the
+/// session (safe behind a transaction pooler). A setting of
+/// `Engine<Postgres>` only; advisory locks bound their wait inside the
+/// migration's functions.
+///
+/// ```
+/// use idem_runtime::{Engine, KeyLock, WaitBound};
+/// # async fn demo(pool: sqlx::PgPool) {
+/// // On Citus: the row path, its bound propagated to the workers.
+/// let engine = Engine::new(pool)
+///     .with_key_lock(KeyLock::Row)
+///     .with_wait_bound(WaitBound::SetLocal);
+/// assert_eq!(engine.wait_bound(), WaitBound::SetLocal);
+/// # }
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum WaitBound {
+    /// `set_config('lock_timeout', …, true)` in the claim's first `SELECT`,
+    /// lifted by the claim row's insert itself: no round trip of its own.
+    /// The default.
+    #[default]
+    SetConfig,
+    /// `SET LOCAL lock_timeout = '…'`, a statement Citus propagates to the
+    /// workers a distributed transaction touches (with
+    /// `citus.propagate_set_commands = 'local'`), where a function call in
+    /// a `SELECT` runs on the coordinator only. Sent with the read of the
+    /// bound it replaces as one simple-protocol message; lifting it is one
+    /// more round trip per claim.
+    SetLocal,
+}
+
 /// What stands between the engine's pool and the Postgres server, and so
 /// what a claim may keep in the server's session.
 ///
@@ -319,13 +354,16 @@ pub(crate) async fn fetch_one_on(
     Ok(row)
 }
 
-/// The Postgres engine's own settings: its [`KeyLock`] and its [`Pooler`].
+/// The Postgres engine's own settings: its [`KeyLock`], its [`Pooler`] and
+/// its [`WaitBound`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct PgSettings {
     /// How claims hold their key.
     pub key_lock: KeyLock,
     /// What stands between the pool and the server.
     pub pooler: Pooler,
+    /// How the row path bounds its lock waits.
+    pub wait_bound: WaitBound,
 }
 
 /// [`pool_options`] for a pool behind `pooler`: with [`Pooler::Transaction`]
@@ -380,6 +418,19 @@ impl crate::Engine<Postgres> {
     /// What stands between the pool and the server.
     pub fn pooler(&self) -> Pooler {
         self.settings.pooler
+    }
+
+    /// Sets how claims on the row path bound their lock waits
+    /// ([`WaitBound::SetConfig`] by default; [`WaitBound::SetLocal`] on
+    /// Citus).
+    pub fn with_wait_bound(mut self, wait_bound: WaitBound) -> Self {
+        self.settings.wait_bound = wait_bound;
+        self
+    }
+
+    /// How claims on the row path bound their lock waits.
+    pub fn wait_bound(&self) -> WaitBound {
+        self.settings.wait_bound
     }
 
     /// An engine on a Postgres URL with the default policy and a pool of 8 connections.
