@@ -773,3 +773,74 @@ async fn postgres_work_runs_with_the_sessions_lock_timeout() {
         }
     }
 }
+
+/// `version()` as each engine shows it, and what claims take there:
+/// CockroachDB's as its `cockroach sql` banner prints it (docs), YugabyteDB's
+/// server versions on Postgres 11 and on Postgres 15 (2.25 and later) as its
+/// `psql` banner prints them, completed to `version()`'s form, and a
+/// Postgres 15 of Debian's.
+#[test]
+fn servers_are_told_apart_by_their_version() {
+    use idem_runtime::{KeyLock, Server};
+    for (version, server, key_lock) in [
+        (
+            "CockroachDB CCL v21.1.1 (x86_64-apple-darwin19, built 2021/05/24 15:00:00, go1.15.11)",
+            Server::CockroachDb,
+            KeyLock::Row,
+        ),
+        (
+            "CockroachDB CCL v20.1.15 (x86_64-unknown-linux-gnu, built 2021/04/26 16:11:58, go1.13.9)",
+            Server::CockroachDb,
+            KeyLock::Row,
+        ),
+        (
+            "PostgreSQL 11.2-YB-2.18.0.1-b0 on x86_64-pc-linux-gnu, compiled by clang, 64-bit",
+            Server::YugabyteDb,
+            KeyLock::Row,
+        ),
+        (
+            "PostgreSQL 15.2-YB-2.25.0.0-b0 on x86_64-pc-linux-gnu, compiled by clang, 64-bit",
+            Server::YugabyteDb,
+            KeyLock::Row,
+        ),
+        (
+            "PostgreSQL 15.8 (Debian 15.8-0+deb12u1) on x86_64-pc-linux-gnu, compiled by gcc (Debian 12.2.0-14) 12.2.0, 64-bit",
+            Server::Postgres,
+            KeyLock::Advisory,
+        ),
+    ] {
+        assert_eq!(Server::from_version(version), server, "{version}");
+        assert_eq!(server.key_lock(), key_lock, "{version}");
+    }
+}
+
+/// On the test Postgres server detection keeps advisory locks, and a lock
+/// chosen before it stays chosen.
+#[tokio::test]
+async fn postgres_detection_keeps_advisory_locks_and_a_chosen_lock() {
+    use idem_runtime::{KeyLock, Server};
+    let h = idem_test_support::stores::postgres(Policy::default()).await;
+    assert_eq!(
+        Server::detect(h.engine.pool()).await.unwrap(),
+        Server::Postgres
+    );
+    let detected = h.engine.clone().detect_server().await.unwrap();
+    assert_eq!(detected.key_lock(), KeyLock::Advisory);
+    let chosen = h
+        .engine
+        .clone()
+        .with_key_lock(KeyLock::Row)
+        .detect_server()
+        .await
+        .unwrap();
+    assert_eq!(chosen.key_lock(), KeyLock::Row);
+    let op = operation("acme", "detected", 10);
+    assert_eq!(
+        detected
+            .run(&op, async |_tx| Ok::<_, Problem>(1))
+            .await
+            .unwrap()
+            .via,
+        Via::Executed
+    );
+}

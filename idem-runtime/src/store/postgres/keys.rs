@@ -289,6 +289,7 @@ impl Keys for Postgres {
             key_lock,
             pooler,
             wait_bound,
+            ..
         } = settings;
         // Behind a transaction pooler the session is not the claim's: no
         // statements prepared in it, and each of idem's statements unnamed,

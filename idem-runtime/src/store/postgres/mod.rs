@@ -63,6 +63,9 @@ use crate::policy::Policy;
 mod inbox;
 mod keys;
 mod outbox;
+mod server;
+
+pub use server::Server;
 
 /// idem's migrations, applied by [`crate::migrations`] with their own
 /// bookkeeping table.
@@ -364,6 +367,9 @@ pub struct PgSettings {
     pub pooler: Pooler,
     /// How the row path bounds its lock waits.
     pub wait_bound: WaitBound,
+    /// Whether `key_lock` was chosen ([`Engine::with_key_lock`](crate::Engine::with_key_lock)),
+    /// so that [`Engine::detect_server`](crate::Engine::detect_server) keeps it.
+    key_lock_chosen: bool,
 }
 
 /// [`pool_options`] for a pool behind `pooler`: with [`Pooler::Transaction`]
@@ -395,7 +401,32 @@ impl crate::Engine<Postgres> {
     /// [`KeyLock`] for when to choose [`KeyLock::Row`]).
     pub fn with_key_lock(mut self, key_lock: KeyLock) -> Self {
         self.settings.key_lock = key_lock;
+        self.settings.key_lock_chosen = true;
         self
+    }
+
+    /// Reads the server's `version()` ([`Server::detect`]) and, unless a key
+    /// lock was chosen with [`Engine::with_key_lock`](Self::with_key_lock), takes the one that
+    /// server needs ([`Server::key_lock`]): the row path on CockroachDB and
+    /// YugabyteDB, advisory locks on Postgres. One statement, once;
+    /// [`Engine::connect_postgres`](Self::connect_postgres) calls it.
+    ///
+    /// ```no_run
+    /// # async fn demo(pool: sqlx::PgPool) -> Result<(), sqlx::Error> {
+    /// use idem_runtime::Engine;
+    /// let engine = Engine::new(pool).detect_server().await?;
+    /// println!("claims take {:?}", engine.key_lock());
+    /// # Ok(()) }
+    /// ```
+    pub async fn detect_server(mut self) -> Result<Self, sqlx::Error> {
+        let server = Server::detect(self.pool()).await?;
+        if !self.settings.key_lock_chosen {
+            self.settings.key_lock = server.key_lock();
+        }
+        if server != Server::Postgres {
+            tracing::info!(?server, key_lock = ?self.settings.key_lock, "detected the Postgres-compatible server");
+        }
+        Ok(self)
     }
 
     /// How claims hold their key.
@@ -433,7 +464,9 @@ impl crate::Engine<Postgres> {
         self.settings.wait_bound
     }
 
-    /// An engine on a Postgres URL with the default policy and a pool of 8 connections.
+    /// An engine on a Postgres URL with the default policy and a pool of 8
+    /// connections, its key lock the one the server needs
+    /// ([`Engine::detect_server`](Self::detect_server)).
     ///
     /// ```no_run
     /// # async fn demo() -> Result<(), sqlx::Error> {
@@ -441,6 +474,8 @@ impl crate::Engine<Postgres> {
     /// # Ok(()) }
     /// ```
     pub async fn connect_postgres(url: &str) -> Result<Self, sqlx::Error> {
-        Ok(Self::new(connect(url, &Policy::default(), 8).await?))
+        Self::new(connect(url, &Policy::default(), 8).await?)
+            .detect_server()
+            .await
     }
 }
