@@ -70,6 +70,24 @@ idem_test_support::on_each_store! {
     migrations_are_idempotent_and_live_steps_are_listed,
 }
 
+// The row path with its waits bounded by `SET LOCAL`: the bodies where a
+// claim waits for a key, locks an existing record or takes one over.
+idem_test_support::on_each_store! {
+    stores: postgres_set_local;
+    #[tokio::test]
+    first_attempt_executes_and_retries_replay,
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    concurrent_duplicates_execute_exactly_once,
+    #[tokio::test]
+    replay_after_expiry_executes_anew,
+    #[tokio::test]
+    waiter_on_an_uncommitted_claim_times_out_then_replays,
+    #[tokio::test]
+    expired_in_progress_lock_is_taken_over,
+    #[tokio::test]
+    attempt_that_lost_its_lock_rolls_back,
+}
+
 /// Engines cross threads and tasks.
 #[allow(dead_code)]
 fn _engines_are_send_sync(
@@ -710,18 +728,29 @@ async fn postgres_server_down_fails_closed() {
 }
 
 /// A claim bounds only its own lock waits: the work runs with the session's
-/// `lock_timeout`, for either kind of key lock, on a fresh key and on a key
-/// whose expired record the claim locks.
+/// `lock_timeout`, for either kind of key lock and either way of bounding
+/// the row path's waits, on a fresh key and on a key whose expired record
+/// the claim locks.
 #[tokio::test]
 async fn postgres_work_runs_with_the_sessions_lock_timeout() {
-    use idem_runtime::{IdempotencyKey, KeyLock, Operation, Policy, Problem, Scope, Via};
+    use idem_runtime::{
+        IdempotencyKey, KeyLock, Operation, Policy, Problem, Scope, Via, WaitBound,
+    };
     use std::time::Duration;
-    for key_lock in [KeyLock::Advisory, KeyLock::Row] {
+    for (key_lock, wait_bound) in [
+        (KeyLock::Advisory, WaitBound::SetConfig),
+        (KeyLock::Row, WaitBound::SetConfig),
+        (KeyLock::Row, WaitBound::SetLocal),
+    ] {
         let policy = Policy::default()
             .with_retention(Duration::from_millis(1))
             .with_wait_timeout(Duration::from_millis(750));
         let h = idem_test_support::stores::postgres(policy).await;
-        let engine = h.engine.clone().with_key_lock(key_lock);
+        let engine = h
+            .engine
+            .clone()
+            .with_key_lock(key_lock)
+            .with_wait_bound(wait_bound);
         let op = Operation::new(
             Scope::tenant("acme"),
             IdempotencyKey::new("k").unwrap(),
@@ -743,4 +772,75 @@ async fn postgres_work_runs_with_the_sessions_lock_timeout() {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
+}
+
+/// `version()` as each engine shows it, and what claims take there:
+/// CockroachDB's as its `cockroach sql` banner prints it (docs), YugabyteDB's
+/// server versions on Postgres 11 and on Postgres 15 (2.25 and later) as its
+/// `psql` banner prints them, completed to `version()`'s form, and a
+/// Postgres 15 of Debian's.
+#[test]
+fn servers_are_told_apart_by_their_version() {
+    use idem_runtime::{KeyLock, Server};
+    for (version, server, key_lock) in [
+        (
+            "CockroachDB CCL v21.1.1 (x86_64-apple-darwin19, built 2021/05/24 15:00:00, go1.15.11)",
+            Server::CockroachDb,
+            KeyLock::Row,
+        ),
+        (
+            "CockroachDB CCL v20.1.15 (x86_64-unknown-linux-gnu, built 2021/04/26 16:11:58, go1.13.9)",
+            Server::CockroachDb,
+            KeyLock::Row,
+        ),
+        (
+            "PostgreSQL 11.2-YB-2.18.0.1-b0 on x86_64-pc-linux-gnu, compiled by clang, 64-bit",
+            Server::YugabyteDb,
+            KeyLock::Row,
+        ),
+        (
+            "PostgreSQL 15.2-YB-2.25.0.0-b0 on x86_64-pc-linux-gnu, compiled by clang, 64-bit",
+            Server::YugabyteDb,
+            KeyLock::Row,
+        ),
+        (
+            "PostgreSQL 15.8 (Debian 15.8-0+deb12u1) on x86_64-pc-linux-gnu, compiled by gcc (Debian 12.2.0-14) 12.2.0, 64-bit",
+            Server::Postgres,
+            KeyLock::Advisory,
+        ),
+    ] {
+        assert_eq!(Server::from_version(version), server, "{version}");
+        assert_eq!(server.key_lock(), key_lock, "{version}");
+    }
+}
+
+/// On the test Postgres server detection keeps advisory locks, and a lock
+/// chosen before it stays chosen.
+#[tokio::test]
+async fn postgres_detection_keeps_advisory_locks_and_a_chosen_lock() {
+    use idem_runtime::{KeyLock, Server};
+    let h = idem_test_support::stores::postgres(Policy::default()).await;
+    assert_eq!(
+        Server::detect(h.engine.pool()).await.unwrap(),
+        Server::Postgres
+    );
+    let detected = h.engine.clone().detect_server().await.unwrap();
+    assert_eq!(detected.key_lock(), KeyLock::Advisory);
+    let chosen = h
+        .engine
+        .clone()
+        .with_key_lock(KeyLock::Row)
+        .detect_server()
+        .await
+        .unwrap();
+    assert_eq!(chosen.key_lock(), KeyLock::Row);
+    let op = operation("acme", "detected", 10);
+    assert_eq!(
+        detected
+            .run(&op, async |_tx| Ok::<_, Problem>(1))
+            .await
+            .unwrap()
+            .via,
+        Via::Executed
+    );
 }

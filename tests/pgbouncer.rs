@@ -15,7 +15,10 @@ use std::time::{Duration, Instant};
 
 use idem::outbox::{self, Delivered, InProcessSink, Message, Relay};
 use idem::store::postgres::{self, Pooler};
-use idem::{Engine, IdemError, IdempotencyKey, Operation, Policy, Problem, Scope, Via};
+use idem::{
+    Claim, Engine, IdemError, IdempotencyKey, KeyLock, Operation, Policy, Problem, Scope, Via,
+    WaitBound,
+};
 use idem_test_support::{PgBouncer, PgServer, PoolMode, FAST_SETTINGS};
 use sqlx::Postgres;
 
@@ -201,6 +204,60 @@ async fn session_pooling_claims_hold_with_prepared_statements() {
         "server errors: {:?}",
         &after[before.len()..]
     );
+}
+
+/// The row path with `SET LOCAL` bounds (`WaitBound::SetLocal`, as on
+/// Citus) behind a transaction pooler: the claims hold, a duplicate of a
+/// held key is answered 409 at the bound, and no server connection keeps a
+/// bound afterwards (`SET LOCAL` ends with the transaction).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transaction_pooling_set_local_bounds_hold_and_leave_no_state() {
+    let (server, bouncer) = server_and_bouncer(PoolMode::Transaction);
+    let policy = Policy::default().with_wait_timeout(Duration::from_millis(300));
+    let engine = engine_through(&server, &bouncer, Pooler::Transaction, policy)
+        .await
+        .with_key_lock(KeyLock::Row)
+        .with_wait_bound(WaitBound::SetLocal);
+    let before = errors_in(&server);
+    claims_hold(&engine).await;
+    let after = errors_in(&server);
+    assert_eq!(
+        after.len(),
+        before.len(),
+        "server errors: {:?}",
+        &after[before.len()..]
+    );
+    let Claim::Execute(held) = engine.claim(&op("held", 10)).await.unwrap() else {
+        panic!("a fresh key executes")
+    };
+    let started = Instant::now();
+    let waiter = charge(&engine, "held", 10).await;
+    assert!(
+        matches!(waiter, Err(IdemError::InProgress { .. })),
+        "{waiter:?}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        started.elapsed()
+    );
+    drop(held);
+    // More transactions at once than the pooler has server connections:
+    // each of them is seen with the session's default.
+    let shows = (0..8).map(|_| async {
+        let mut tx = engine.pool().begin().await.unwrap();
+        let timeout: String = sqlx::raw_sql("SHOW lock_timeout")
+            .fetch_one(&mut *tx)
+            .await
+            .map(|row| sqlx::Row::get(&row, 0))
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        tx.commit().await.unwrap();
+        timeout
+    });
+    for timeout in futures::future::join_all(shows).await {
+        assert_eq!(timeout, "0");
+    }
 }
 
 /// Two relays share the outbox behind PgBouncer (their leases are `FOR

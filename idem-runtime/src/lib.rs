@@ -67,7 +67,7 @@ pub use replay_cache::ReplayCache;
 pub use retention::Purger;
 pub use scope::{Scope, ScopePart};
 #[cfg(feature = "postgres")]
-pub use store::postgres::{KeyLock, Pooler};
+pub use store::postgres::{KeyLock, Pooler, Server, WaitBound};
 pub use store::Backend;
 
 pub use sqlx;

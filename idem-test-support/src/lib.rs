@@ -47,8 +47,9 @@ pub use process::{free_port, is_root, run};
 pub use store::{example_binary, sqlite_file, TestDb};
 
 /// Emits, for each listed store (a harness constructor in [`stores`]:
-/// `sqlite`, `postgres`, `postgres_row_lock`, `mysql`), a module of that name with one
-/// test per listed body, which calls the generic body with the constructor,
+/// `sqlite`, `postgres`, `postgres_row_lock`, `postgres_set_local`, `mysql`),
+/// a module of that name with one test per listed body, which calls the
+/// generic body with the constructor,
 /// plus the ignored `child_process_entry` that [`Harness::run_child`] starts.
 ///
 /// Each body is an `async fn name<DB: TestBackend>(harness: impl

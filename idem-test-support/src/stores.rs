@@ -1,7 +1,7 @@
 //! The stores [`on_each_store!`](crate::on_each_store) runs a body on, each
 //! a harness constructor named like the test module it gets.
 
-use idem_runtime::{KeyLock, Policy};
+use idem_runtime::{KeyLock, Policy, WaitBound};
 use sqlx::{MySql, Postgres, Sqlite};
 
 use crate::Harness;
@@ -21,6 +21,14 @@ pub async fn postgres(policy: Policy) -> Harness<Postgres> {
 pub async fn postgres_row_lock(policy: Policy) -> Harness<Postgres> {
     let h = postgres(policy).await;
     let engine = h.engine.clone().with_key_lock(KeyLock::Row);
+    h.with_engine(engine)
+}
+
+/// [`postgres_row_lock`] with its lock waits bounded by `SET LOCAL`
+/// ([`WaitBound::SetLocal`]), as on Citus.
+pub async fn postgres_set_local(policy: Policy) -> Harness<Postgres> {
+    let h = postgres_row_lock(policy).await;
+    let engine = h.engine.clone().with_wait_bound(WaitBound::SetLocal);
     h.with_engine(engine)
 }
 

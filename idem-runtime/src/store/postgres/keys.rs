@@ -9,7 +9,9 @@ use sqlx::postgres::{PgArguments, PgRow};
 use sqlx::query::Query;
 use sqlx::{PgConnection, Pool, Postgres, Row, Transaction};
 
-use super::{execute_on, fetch_one_on, named_statements, statement, KeyLock, PgSettings, Pooler};
+use super::{
+    execute_on, fetch_one_on, named_statements, statement, KeyLock, PgSettings, Pooler, WaitBound,
+};
 use crate::operation::Operation;
 use crate::outcome::StoredResponse;
 use crate::policy::Policy;
@@ -124,13 +126,26 @@ const BOUND_LOCK_WAIT: &str =
     "SELECT current_setting('lock_timeout'), set_config('lock_timeout', $1, true)";
 
 /// A row-locked claim's own row, for a key without a committed record. A
-/// duplicate's insert waits on it until this transaction ends. Restores the
-/// lock wait bound once the row is in.
-const INSERT_CLAIM_ROW: &str = "INSERT INTO idempotency_keys \
-     (scope, key, step, fingerprint, status, created_at, locked_until, expires_at) \
-     VALUES ($1, $2, $3, $4, 'in_progress', now(), now(), now() + $5 * interval '1 millisecond') \
-     ON CONFLICT (scope, key) DO NOTHING \
-     RETURNING set_config('lock_timeout', $6, true)";
+/// duplicate's insert waits on it until this transaction ends.
+macro_rules! insert_claim_row {
+    () => {
+        "INSERT INTO idempotency_keys \
+         (scope, key, step, fingerprint, status, created_at, locked_until, expires_at) \
+         VALUES ($1, $2, $3, $4, 'in_progress', now(), now(), now() + $5 * interval '1 millisecond') \
+         ON CONFLICT (scope, key) DO NOTHING"
+    };
+}
+
+/// The claim row's insert that also restores the lock wait bound
+/// ([`WaitBound::SetConfig`]).
+const INSERT_CLAIM_ROW: &str = concat!(
+    insert_claim_row!(),
+    " RETURNING set_config('lock_timeout', $6, true)"
+);
+
+/// The claim row's insert alone ([`WaitBound::SetLocal`] restores the bound
+/// with a statement of its own).
+const INSERT_CLAIM_ROW_ONLY: &str = concat!(insert_claim_row!(), " RETURNING true");
 
 const RESTORE_LOCK_WAIT: &str = "SELECT set_config('lock_timeout', $1, true)";
 
@@ -270,7 +285,12 @@ impl Keys for Postgres {
         policy: &'a Policy,
         settings: PgSettings,
     ) -> Result<Locked<Self>, sqlx::Error> {
-        let PgSettings { key_lock, pooler } = settings;
+        let PgSettings {
+            key_lock,
+            pooler,
+            wait_bound,
+            ..
+        } = settings;
         // Behind a transaction pooler the session is not the claim's: no
         // statements prepared in it, and each of idem's statements unnamed,
         // inside the transaction that holds the server connection.
@@ -285,7 +305,7 @@ impl Keys for Postgres {
             .unwrap_or(i32::MAX)
             .max(1);
         if key_lock == KeyLock::Row {
-            return lock_row_and_read(tx, op, policy, wait_ms, session).await;
+            return lock_row_and_read(tx, op, policy, wait_ms, session, wait_bound).await;
         }
         let row = sqlx::query("SELECT * FROM idem_lock_and_read($1, $2, $3, $4)")
             .persistent(session)
@@ -517,22 +537,26 @@ async fn lock_row_and_read(
     policy: &Policy,
     wait_ms: i32,
     session: bool,
+    wait_bound: WaitBound,
 ) -> Result<Locked<Postgres>, sqlx::Error> {
-    let (previous, _): (String, String) = sqlx::query_as(BOUND_LOCK_WAIT)
-        .persistent(session)
-        .bind(format!("{wait_ms}ms"))
-        .fetch_one(&mut *tx)
-        .await?;
+    let previous = bound_lock_wait(&mut tx, wait_ms, session, wait_bound).await?;
     loop {
-        let inserted = keyed(INSERT_CLAIM_ROW, op)
+        let insert = match wait_bound {
+            WaitBound::SetConfig => INSERT_CLAIM_ROW,
+            WaitBound::SetLocal => INSERT_CLAIM_ROW_ONLY,
+        };
+        let mut insert = keyed(insert, op)
             .persistent(session)
             .bind(op.step)
             .bind(&op.fingerprint.0[..])
-            .bind(millis(policy.retention) as f64)
-            .bind(&previous)
-            .fetch_optional(&mut *tx)
-            .await?;
-        if inserted.is_some() {
+            .bind(millis(policy.retention) as f64);
+        if wait_bound == WaitBound::SetConfig {
+            insert = insert.bind(&previous);
+        }
+        if insert.fetch_optional(&mut *tx).await?.is_some() {
+            if wait_bound == WaitBound::SetLocal {
+                restore_lock_wait(&mut tx, &previous, session, wait_bound).await?;
+            }
             return Ok(Locked {
                 tx,
                 record: None,
@@ -549,17 +573,65 @@ async fn lock_row_and_read(
         else {
             continue;
         };
-        sqlx::query(RESTORE_LOCK_WAIT)
-            .persistent(session)
-            .bind(&previous)
-            .execute(&mut *tx)
-            .await?;
+        restore_lock_wait(&mut tx, &previous, session, wait_bound).await?;
         return Ok(Locked {
             record: Some(record(&row)?),
             tx,
             holds_row: false,
         });
     }
+}
+
+/// Bounds the claim's lock waits at `wait_ms`; answers the bound it replaces.
+async fn bound_lock_wait(
+    tx: &mut Transaction<'static, Postgres>,
+    wait_ms: i32,
+    session: bool,
+    wait_bound: WaitBound,
+) -> Result<String, sqlx::Error> {
+    match wait_bound {
+        WaitBound::SetConfig => {
+            let (previous, _): (String, String) = sqlx::query_as(BOUND_LOCK_WAIT)
+                .persistent(session)
+                .bind(format!("{wait_ms}ms"))
+                .fetch_one(&mut **tx)
+                .await?;
+            Ok(previous)
+        }
+        WaitBound::SetLocal => {
+            // One simple-protocol message; the SET has no rows.
+            let message = format!(
+                "SELECT current_setting('lock_timeout'); SET LOCAL lock_timeout = '{wait_ms}ms'"
+            );
+            let rows = sqlx::Executor::fetch_all(&mut **tx, message.as_str()).await?;
+            rows.first().ok_or(sqlx::Error::RowNotFound)?.try_get(0)
+        }
+    }
+}
+
+/// Puts back the bound [`bound_lock_wait`] replaced.
+async fn restore_lock_wait(
+    tx: &mut Transaction<'static, Postgres>,
+    previous: &str,
+    session: bool,
+    wait_bound: WaitBound,
+) -> Result<(), sqlx::Error> {
+    match wait_bound {
+        WaitBound::SetConfig => {
+            sqlx::query(RESTORE_LOCK_WAIT)
+                .persistent(session)
+                .bind(previous)
+                .execute(&mut **tx)
+                .await?;
+        }
+        WaitBound::SetLocal => {
+            // The server's own spelling of the setting it just showed.
+            let previous = previous.replace('\'', "''");
+            let statement = format!("SET LOCAL lock_timeout = '{previous}'");
+            sqlx::Executor::execute(&mut **tx, statement.as_str()).await?;
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

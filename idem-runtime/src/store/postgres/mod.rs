@@ -43,7 +43,9 @@
 //! with `set_config('lock_timeout', …, true)`, inserts an `in_progress` row
 //! with `INSERT … ON CONFLICT DO NOTHING` (a duplicate waits on the
 //! uncommitted row) or, when the key has a committed record, locks it with
-//! `SELECT … FOR UPDATE`; the completion then upserts over that row.
+//! `SELECT … FOR UPDATE`; the completion then upserts over that row. With
+//! [`WaitBound::SetLocal`] the bound is sent as `SET LOCAL lock_timeout`
+//! instead, which Citus propagates to the workers a transaction touches.
 //!
 //! SQL stays within what Postgres-compatible engines accept where it costs
 //! nothing: no `ctid`, batched deletes by primary key.
@@ -61,6 +63,9 @@ use crate::policy::Policy;
 mod inbox;
 mod keys;
 mod outbox;
+mod server;
+
+pub use server::Server;
 
 /// idem's migrations, applied by [`crate::migrations`] with their own
 /// bookkeeping table.
@@ -188,6 +193,39 @@ pub enum KeyLock {
     /// engines without advisory locks; it writes two tuple versions per key
     /// and takes more statements.
     Row,
+}
+
+/// How a claim on the row path ([`KeyLock::Row`]) bounds its wait for a
+/// key another attempt holds, and lifts the bound before the work runs.
+/// Both end with the claim's transaction, so neither leaves anything in the
+/// session (safe behind a transaction pooler). A setting of
+/// `Engine<Postgres>` only; advisory locks bound their wait inside the
+/// migration's functions.
+///
+/// ```
+/// use idem_runtime::{Engine, KeyLock, WaitBound};
+/// # async fn demo(pool: sqlx::PgPool) {
+/// // On Citus: the row path, its bound propagated to the workers.
+/// let engine = Engine::new(pool)
+///     .with_key_lock(KeyLock::Row)
+///     .with_wait_bound(WaitBound::SetLocal);
+/// assert_eq!(engine.wait_bound(), WaitBound::SetLocal);
+/// # }
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum WaitBound {
+    /// `set_config('lock_timeout', …, true)` in the claim's first `SELECT`,
+    /// lifted by the claim row's insert itself: no round trip of its own.
+    /// The default.
+    #[default]
+    SetConfig,
+    /// `SET LOCAL lock_timeout = '…'`, a statement Citus propagates to the
+    /// workers a distributed transaction touches (with
+    /// `citus.propagate_set_commands = 'local'`), where a function call in
+    /// a `SELECT` runs on the coordinator only. Sent with the read of the
+    /// bound it replaces as one simple-protocol message; lifting it is one
+    /// more round trip per claim.
+    SetLocal,
 }
 
 /// What stands between the engine's pool and the Postgres server, and so
@@ -319,13 +357,19 @@ pub(crate) async fn fetch_one_on(
     Ok(row)
 }
 
-/// The Postgres engine's own settings: its [`KeyLock`] and its [`Pooler`].
+/// The Postgres engine's own settings: its [`KeyLock`], its [`Pooler`] and
+/// its [`WaitBound`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct PgSettings {
     /// How claims hold their key.
     pub key_lock: KeyLock,
     /// What stands between the pool and the server.
     pub pooler: Pooler,
+    /// How the row path bounds its lock waits.
+    pub wait_bound: WaitBound,
+    /// Whether `key_lock` was chosen ([`Engine::with_key_lock`](crate::Engine::with_key_lock)),
+    /// so that [`Engine::detect_server`](crate::Engine::detect_server) keeps it.
+    key_lock_chosen: bool,
 }
 
 /// [`pool_options`] for a pool behind `pooler`: with [`Pooler::Transaction`]
@@ -357,7 +401,32 @@ impl crate::Engine<Postgres> {
     /// [`KeyLock`] for when to choose [`KeyLock::Row`]).
     pub fn with_key_lock(mut self, key_lock: KeyLock) -> Self {
         self.settings.key_lock = key_lock;
+        self.settings.key_lock_chosen = true;
         self
+    }
+
+    /// Reads the server's `version()` ([`Server::detect`]) and, unless a key
+    /// lock was chosen with [`Engine::with_key_lock`](Self::with_key_lock), takes the one that
+    /// server needs ([`Server::key_lock`]): the row path on CockroachDB and
+    /// YugabyteDB, advisory locks on Postgres. One statement, once;
+    /// [`Engine::connect_postgres`](Self::connect_postgres) calls it.
+    ///
+    /// ```no_run
+    /// # async fn demo(pool: sqlx::PgPool) -> Result<(), sqlx::Error> {
+    /// use idem_runtime::Engine;
+    /// let engine = Engine::new(pool).detect_server().await?;
+    /// println!("claims take {:?}", engine.key_lock());
+    /// # Ok(()) }
+    /// ```
+    pub async fn detect_server(mut self) -> Result<Self, sqlx::Error> {
+        let server = Server::detect(self.pool()).await?;
+        if !self.settings.key_lock_chosen {
+            self.settings.key_lock = server.key_lock();
+        }
+        if server != Server::Postgres {
+            tracing::info!(?server, key_lock = ?self.settings.key_lock, "detected the Postgres-compatible server");
+        }
+        Ok(self)
     }
 
     /// How claims hold their key.
@@ -382,7 +451,22 @@ impl crate::Engine<Postgres> {
         self.settings.pooler
     }
 
-    /// An engine on a Postgres URL with the default policy and a pool of 8 connections.
+    /// Sets how claims on the row path bound their lock waits
+    /// ([`WaitBound::SetConfig`] by default; [`WaitBound::SetLocal`] on
+    /// Citus).
+    pub fn with_wait_bound(mut self, wait_bound: WaitBound) -> Self {
+        self.settings.wait_bound = wait_bound;
+        self
+    }
+
+    /// How claims on the row path bound their lock waits.
+    pub fn wait_bound(&self) -> WaitBound {
+        self.settings.wait_bound
+    }
+
+    /// An engine on a Postgres URL with the default policy and a pool of 8
+    /// connections, its key lock the one the server needs
+    /// ([`Engine::detect_server`](Self::detect_server)).
     ///
     /// ```no_run
     /// # async fn demo() -> Result<(), sqlx::Error> {
@@ -390,6 +474,8 @@ impl crate::Engine<Postgres> {
     /// # Ok(()) }
     /// ```
     pub async fn connect_postgres(url: &str) -> Result<Self, sqlx::Error> {
-        Ok(Self::new(connect(url, &Policy::default(), 8).await?))
+        Self::new(connect(url, &Policy::default(), 8).await?)
+            .detect_server()
+            .await
     }
 }
