@@ -40,12 +40,14 @@
 
 mod args;
 mod cli;
+mod config;
 mod exit;
 pub mod inspect;
 mod keys;
 mod migrate;
 mod output;
 mod queues;
+mod service;
 pub mod steps;
 pub mod store;
 mod tenant;

@@ -113,7 +113,7 @@ fn default_name(location: &str) -> String {
 
 impl StoreSpec {
     fn is_postgres(&self) -> bool {
-        self.location.starts_with("postgres://") || self.location.starts_with("postgresql://")
+        crate::config::is_postgres(&self.location)
     }
 
     fn is_mysql(&self) -> bool {
