@@ -1,5 +1,5 @@
-//! `idem keys …` and `idem purge`: the key records of one store, listed,
-//! shown, deleted, and purged once expired.
+//! `idem keys …` and `idem purge`: the key records of one store, or of a
+//! service's shards, listed, shown, deleted, and purged once expired.
 
 use clap::{Args, Subcommand};
 use serde_json::json;
@@ -13,11 +13,14 @@ use crate::store::{self, KeyFilter, OpenMode, Store};
 
 #[derive(Debug, Subcommand)]
 pub(crate) enum KeysCommand {
-    /// Records, newest first.
+    /// Records, newest first; across a sharded service's shards, merged,
+    /// each with its shard.
     List(ListArgs),
-    /// One record in full.
+    /// One record in full; of a sharded service, from the tenant's shard,
+    /// and any copy on another shard (a move's, or one left off its route).
     Show(KeyArgs),
-    /// Delete one record: a retry with that key then runs again.
+    /// Delete one record: a retry with that key then runs again. Of a
+    /// sharded service, on the shards of the tenant's route.
     Delete(DeleteArgs),
 }
 
@@ -36,7 +39,7 @@ pub(crate) struct ListArgs {
     /// Expired records too.
     #[arg(long)]
     expired: bool,
-    /// At most this many.
+    /// At most this many (over all the shards).
     #[arg(long, default_value_t = 50)]
     limit: u32,
 }
