@@ -79,14 +79,6 @@ impl Service {
             layout: Layout::One(spec),
         }
     }
-
-    /// Shard `index`'s store spec, named `NAME shard INDEX` in messages.
-    fn shard_spec(name: &str, index: usize, location: String) -> StoreSpec {
-        StoreSpec {
-            name: format!("{name} shard {index}"),
-            location,
-        }
-    }
 }
 
 /// The services a config file names, by name.
@@ -142,7 +134,10 @@ impl Config {
                     let mut specs = Vec::new();
                     for (index, url) in shards.into_iter().enumerate() {
                         let url = nonempty(&name, &format!("shard {index}"), url).map_err(bad)?;
-                        specs.push(Service::shard_spec(&name, index, url));
+                        specs.push(StoreSpec {
+                            name: format!("{name} shard {index}"),
+                            location: url,
+                        });
                     }
                     let directory = match directory {
                         Some(url) if is_postgres(&url) => Some(StoreSpec {

@@ -366,11 +366,7 @@ pub(crate) async fn run(
                 service.name
             )));
         }
-        let tenant = match service.is_sharded() {
-            true => args.scope.tenant()?,
-            false => String::new(),
-        };
-        let (route, opened) = service.open_for(&tenant).await?;
+        let (route, opened) = service.open_for(&args.scope).await?;
         routes.extend(route.map(|route| (service.name.clone(), route)));
         stores.extend(opened);
     }

@@ -8,7 +8,7 @@ use crate::args::{ScopeArgs, ServiceArg, StoreArg};
 use crate::config::Service;
 use crate::exit::{Failure, FOUND, OK, USAGE};
 use crate::output::{self, instant, key_label, span, table};
-use crate::service::{Place, Route};
+use crate::service::{Place, Route, RoutedBy};
 use crate::store::{self, KeyFilter, OpenMode, Store};
 
 #[derive(Debug, Subcommand)]
@@ -174,18 +174,13 @@ async fn run_list(json_out: bool, show_keys: bool, args: &ListArgs) -> Result<u8
             row
         })
         .collect();
+    let mut across = String::new();
     if service.is_sharded() {
         headers.insert(0, "shard");
-        table(&headers, &rows);
-        println!(
-            "{} record(s) in {} ({shards} shards)",
-            records.len(),
-            service.name
-        );
-    } else {
-        table(&headers, &rows);
-        println!("{} record(s) in {}", records.len(), service.name);
+        across = format!(" ({shards} shards)");
     }
+    table(&headers, &rows);
+    println!("{} record(s) in {}{across}", records.len(), service.name);
     Ok(OK)
 }
 
@@ -206,10 +201,7 @@ async fn find(
     key: &str,
 ) -> Result<(Option<Route>, Vec<Found>), Failure> {
     let stored = scope.required()?;
-    let route = match service.is_sharded() {
-        true => service.route(&scope.tenant()?).await?,
-        false => None,
-    };
+    let route = service.route(scope).await?;
     let mut found = Vec::new();
     for (place, store) in service.open_all().await? {
         if let Some(record) = store.record(&place.to_string(), &stored, key).await? {
@@ -254,9 +246,13 @@ fn stray_line(route: Option<&Route>, found: &[Found], label: &str) -> Option<Str
         return None;
     }
     let reached: Vec<String> = route.holders().iter().map(|s| s.to_string()).collect();
+    let cause = match route.by {
+        RoutedBy::Hash => "the shards were listed in another order, or their number changed",
+        _ => "a move was interrupted or the directory was changed by hand",
+    };
     Some(format!(
-        "key {label} is on shard {}, and tenant {} is routed to shard {}: a move was \
-         interrupted or the directory was changed by hand; requests of {} reach shard {} only",
+        "key {label} is on shard {}, and tenant {} is routed to shard {}: {cause}; \
+         requests of {} reach shard {} only",
         strays.join(", "),
         route.tenant,
         route.shard,

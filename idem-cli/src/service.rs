@@ -7,6 +7,7 @@ use std::fmt;
 use idem_runtime::shard::{DirectoryEntry, DirectoryRouter, HashRouter};
 use serde_json::{json, Value};
 
+use crate::args::ScopeArgs;
 use crate::config::{Layout, Service};
 use crate::exit::Failure;
 use crate::store::{OpenMode, Store, StoreError, StoreSpec};
@@ -117,10 +118,11 @@ impl Route {
         json!({
             "tenant": self.tenant,
             "shard": self.shard,
-            "router": match self.by {
-                RoutedBy::Hash => "hash",
-                RoutedBy::Directory => "directory",
-                RoutedBy::NotInDirectory => "directory (tenant not listed: hash)",
+            "router": if self.by == RoutedBy::Hash { "hash" } else { "directory" },
+            // Whether the directory lists the tenant (unlisted ones go by hash).
+            "listed": match self.by {
+                RoutedBy::Hash => None,
+                by => Some(by == RoutedBy::Directory),
             },
             "moving_to": self.moving_to,
             "moved_from": self.moved_from,
@@ -162,11 +164,12 @@ impl Service {
         Ok(opened)
     }
 
-    /// The route of `tenant`, for a sharded service (`None` for one store).
-    pub(crate) async fn route(&self, tenant: &str) -> Result<Option<Route>, Failure> {
+    /// The route of `scope`'s tenant, for a sharded service (`None` for one store).
+    pub(crate) async fn route(&self, scope: &ScopeArgs) -> Result<Option<Route>, Failure> {
         let Layout::Sharded { shards, directory } = &self.layout else {
             return Ok(None);
         };
+        let tenant = &scope.tenant()?;
         let hashed = HashRouter::index(tenant, shards.len());
         let Some(spec) = directory else {
             return Ok(Some(Route {
@@ -220,13 +223,13 @@ impl Service {
         Ok(Some(route))
     }
 
-    /// The stores that hold `tenant`'s records: the one store, or the
-    /// shards of its route (its shard, and a move's other one).
+    /// The stores that hold `scope`'s records: the one store, or the
+    /// shards of its tenant's route (its shard, and a move's other one).
     pub(crate) async fn open_for(
         &self,
-        tenant: &str,
+        scope: &ScopeArgs,
     ) -> Result<(Option<Route>, Vec<(Place, Store)>), Failure> {
-        let Some(route) = self.route(tenant).await? else {
+        let Some(route) = self.route(scope).await? else {
             return Ok((None, self.open_all().await?));
         };
         let stores = self.stores();

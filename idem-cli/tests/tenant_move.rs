@@ -753,6 +753,30 @@ async fn keys_and_inspect_read_every_shard_of_a_config() {
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     assert_eq!(stdout_json(&out)["shards"], serde_json::json!([shard]));
     assert_eq!(show("orders", tenant, "order-1").status.code(), Some(1));
+
+    // A record of a hash-routed tenant on another shard: said, exit 1.
+    let (tenant, shard) = &written[1];
+    let elsewhere = (shard + 1) % 3;
+    let op = Operation::new(
+        Scope::tenant(tenant),
+        IdempotencyKey::new("order-9").unwrap(),
+        "place-order.v1",
+        &1,
+    );
+    orders.engines()[elsewhere]
+        .run(&op, async |_tx| Ok::<_, Problem>(1))
+        .await
+        .unwrap();
+    let out = show("orders", tenant, "order-9");
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(
+        text(&out).contains(&format!(
+            "is on shard {elsewhere}, and tenant {tenant} is routed to shard {shard}: the shards \
+             were listed in another order"
+        )),
+        "{}",
+        text(&out)
+    );
 }
 
 #[tokio::test]
