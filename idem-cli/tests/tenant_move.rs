@@ -717,6 +717,17 @@ async fn keys_and_inspect_read_every_shard_of_a_config() {
     };
     fixture.shards.router().assign("globex", 0).await.unwrap();
     write(&fixture.shards, "globex", "g-1", "charge.v1").await;
+    let out = globex(&["--fault", "tenant-move-after-copy"]);
+    assert!(!out.status.success(), "{}", text(&out));
+    let out = show("payments", "globex", "g-1");
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    for line in [
+        "tenant globex: shard 0 (directory), moving to shard 1",
+        "shard        0 (the tenant's shard)",
+        "shard        1 (the target of the tenant's unfinished move)",
+    ] {
+        assert!(text(&out).contains(line), "no {line:?} in\n{}", text(&out));
+    }
     let out = globex(&["--fault", "tenant-move-after-flip"]);
     assert!(!out.status.success(), "{}", text(&out));
     let out = show("payments", "globex", "g-1");
