@@ -30,8 +30,8 @@ use crate::args::ScopeArgs;
 use crate::config::{Config, ConfigArg, Service};
 use crate::exit::{Failure, FOUND, OK};
 use crate::output::{self, entry_json, instant, key_label, poison_json, span};
-use crate::service::{Place, Route};
-use crate::store::{KeyRecord, Store, StoreError, StoreSpec};
+use crate::service::Route;
+use crate::store::{KeyRecord, Place, Store, StoreError, StoreSpec};
 
 /// How deep child keys are followed.
 pub const MAX_DEPTH: usize = 4;

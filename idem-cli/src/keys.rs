@@ -8,8 +8,8 @@ use crate::args::{ScopeArgs, ServiceArg, StoreArg};
 use crate::config::Service;
 use crate::exit::{Failure, FOUND, OK, USAGE};
 use crate::output::{self, instant, key_label, span, table};
-use crate::service::{Place, Route, RoutedBy};
-use crate::store::{self, KeyFilter, OpenMode, Store};
+use crate::service::{Route, RoutedBy};
+use crate::store::{self, KeyFilter, OpenMode, Place, Store};
 
 #[derive(Debug, Subcommand)]
 pub(crate) enum KeysCommand {

@@ -2,44 +2,13 @@
 //! runtime's `Shards` routes it: by [`HashRouter`], or by the directory table
 //! ([`DirectoryRouter`]), a tenant mid-move included.
 
-use std::fmt;
-
 use idem_runtime::shard::{DirectoryEntry, DirectoryRouter, HashRouter};
 use serde_json::{json, Value};
 
 use crate::args::ScopeArgs;
 use crate::config::{Layout, Service};
 use crate::exit::Failure;
-use crate::store::{OpenMode, Store, StoreError, StoreSpec};
-
-/// Where a record lives: a service's store, and its shard when the service
-/// has several.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Place {
-    /// The service.
-    pub service: String,
-    /// The shard's index, for a sharded service.
-    pub shard: Option<usize>,
-}
-
-impl fmt::Display for Place {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.shard {
-            Some(shard) => write!(f, "{} shard {shard}", self.service),
-            None => f.write_str(&self.service),
-        }
-    }
-}
-
-impl Place {
-    /// Sets `store` (and `shard`, for a shard) on a JSON object.
-    pub fn tag(&self, value: &mut Value) {
-        value["store"] = json!(self.service);
-        if let Some(shard) = self.shard {
-            value["shard"] = json!(shard);
-        }
-    }
-}
+use crate::store::{OpenMode, Place, Store, StoreError, StoreSpec};
 
 /// How a tenant's shard was found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
