@@ -8,7 +8,7 @@
 use std::process::Command;
 
 use idem_cli::inspect::inspect;
-use idem_cli::store::{OpenMode, Store, StoreSpec};
+use idem_cli::store::{OpenMode, Place, Store, StoreSpec};
 use idem_runtime::Scope;
 use idem_test_support::example_binary;
 
@@ -32,7 +32,7 @@ async fn every_order_of_the_demo_was_charged_exactly_once() {
             .parse()
             .unwrap();
         let store = Store::open(&spec, OpenMode::Existing).await.unwrap();
-        stores.push((spec, store));
+        stores.push((Place::from(&spec), store));
     }
     let scope = Scope::tenant("shop-1").to_string();
     assert!(kept.join("notifications.db").is_file());

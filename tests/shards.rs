@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use idem_runtime::outbox::{self, Delivered, InProcessSink, Message, RelayHandle};
 use idem_runtime::shard::{
-    DirectoryRouter, HashRouter, MoveError, Moved, Router, Shards, TenantMove,
+    DirectoryEntry, DirectoryRouter, HashRouter, MoveError, Moved, Router, Shards, TenantMove,
 };
 use idem_runtime::{Engine, IdemError, IdempotencyKey, Operation, Problem, Scope, Step, Via};
 use idem_test_support::{PgServer, FAST_SETTINGS};
@@ -195,9 +195,18 @@ async fn a_directory_routes_listed_tenants_and_fails_closed() {
         shards.index(&scope).await.unwrap(),
         HashRouter::index("acme", SHARDS)
     );
+    assert_eq!(directory.entry("acme").await.unwrap(), None);
     let elsewhere = (HashRouter::index("acme", SHARDS) + 1) % SHARDS;
     directory.assign("acme", elsewhere).await.unwrap();
     assert_eq!(shards.index(&scope).await.unwrap(), elsewhere);
+    assert_eq!(
+        directory.entry("acme").await.unwrap(),
+        Some(DirectoryEntry {
+            shard: elsewhere,
+            moving_to: None,
+            moved_from: None
+        })
+    );
     let executed = AtomicUsize::new(0);
     pay(&shards, &charge("acme", "k-1"), &executed)
         .await

@@ -1,9 +1,11 @@
-//! The arguments several commands share: one store (`--store URL`), a key's
-//! scope, and several named stores (`--store NAME=URL`) opened together.
+//! The arguments several commands share: one store (`--store URL`), one
+//! service (that or a service of `--config FILE`), a key's scope, and
+//! several named stores (`--store NAME=URL`) opened together.
 
 use clap::Args;
 use idem_runtime::Scope;
 
+use crate::config::{Config, ConfigArg, Service};
 use crate::exit::Failure;
 use crate::store::{OpenMode, Store, StoreSpec};
 
@@ -12,6 +14,41 @@ pub(crate) struct StoreArg {
     /// The store: a postgres:// or mysql:// URL, a sqlite: URL or a SQLite file path.
     #[arg(long, value_name = "URL", env = "IDEM_STORE")]
     pub(crate) store: StoreSpec,
+}
+
+/// One service: a store (`--store URL`), or a service of the config file,
+/// one store or sharded.
+#[derive(Debug, Args)]
+pub(crate) struct ServiceArg {
+    /// The store: a postgres:// or mysql:// URL, a sqlite: URL or a SQLite
+    /// file path. Or give --config.
+    #[arg(long, value_name = "URL", env = "IDEM_STORE")]
+    store: Option<StoreSpec>,
+    #[command(flatten)]
+    config: ConfigArg,
+    /// The config's service (needed when the config names several).
+    #[arg(long, value_name = "NAME")]
+    service: Option<String>,
+}
+
+impl ServiceArg {
+    /// The service given: `--store`'s, or the config's.
+    pub(crate) fn service(&self) -> Result<Service, Failure> {
+        match (&self.store, &self.config.path) {
+            (Some(_), Some(_)) => Err(Failure::Usage(
+                "give --store URL or --config FILE, not both (IDEM_STORE and IDEM_CONFIG count)"
+                    .into(),
+            )),
+            (Some(_), None) if self.service.is_some() => Err(Failure::Usage(
+                "--service picks a service of --config FILE; with --store, drop it".into(),
+            )),
+            (Some(spec), None) => Ok(Service::one(spec.clone())),
+            (None, Some(path)) => Config::load(path)?.one(self.service.as_deref()),
+            (None, None) => Err(Failure::Usage(
+                "give the store: --store URL, or --config FILE (or IDEM_STORE, IDEM_CONFIG)".into(),
+            )),
+        }
+    }
 }
 
 /// The scope a key lives in.
@@ -33,6 +70,26 @@ impl ScopeArgs {
         }
         (!self.parts.is_empty())
             .then(|| Scope::from_parts(self.parts.iter().map(String::as_str)).to_string())
+    }
+
+    /// The scope's first part, the tenant shards are routed by.
+    pub(crate) fn tenant(&self) -> Result<String, Failure> {
+        let Some(stored) = &self.stored_scope else {
+            return self.parts.first().cloned().ok_or(Failure::Usage(
+                "give the key's scope: --scope TENANT (repeat for more parts) or --stored-scope"
+                    .into(),
+            ));
+        };
+        // `<len>:<part>/...`: the first part, as `Scope::first_part` reads it.
+        stored
+            .split_once(':')
+            .and_then(|(len, rest)| rest.get(..len.parse().ok()?))
+            .map(str::to_owned)
+            .ok_or_else(|| {
+                Failure::Usage(format!(
+                    "--stored-scope {stored}: no tenant to route by (a stored scope is `<len>:<tenant>/...`)"
+                ))
+            })
     }
 
     pub(crate) fn required(&self) -> Result<String, Failure> {

@@ -13,10 +13,18 @@ use crate::{exit, inspect, keys, migrate, queues, steps, tenant};
     name = "idem",
     version,
     about = "Inspect, clean and migrate idem's idempotency key stores (SQLite files, postgres:// and mysql:// URLs).",
-    after_help = "Exit codes: 0 ok; 1 found something (in progress or missing records, pending \
+    after_help = "A config file (--config FILE or IDEM_CONFIG) names each service's store, \
+                  or its shards, for keys, inspect and tenant move:\n\n  \
+                  [services.orders]\n  store = \"postgres://idem@db/orders\"\n\n  \
+                  [services.payments]\n  \
+                  shards = [\"postgres://idem@db0/payments\", \"postgres://idem@db1/payments\"]\n  \
+                  # the hash router; or route by the directory table:\n  \
+                  directory = \"postgres://idem@db0/directory\"\n\n\
+                  Exit codes: 0 ok; 1 found something (in progress or missing records, pending \
                   migrations, live keys of undeclared steps, dead or blocked outbox messages, \
                   poisoned inbox messages, nothing to requeue or skip, a tenant move that must \
-                  be run again); 2 usage; 3 store \
+                  be run again, a key record on a shard its tenant is not routed to); 2 usage \
+                  (a config that cannot be read or names no store); 3 store or shard \
                   unreachable or failing."
 )]
 struct Cli {
@@ -32,10 +40,11 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// One operation across services: the key's record in every store, and
-    /// every child key derived from it, with one line per effect.
+    /// One operation across services: the key's record in every store (on
+    /// the tenant's shard of a sharded one), and every child key derived
+    /// from it, with one line per effect.
     Inspect(inspect::InspectArgs),
-    /// List, show or delete key records in one store.
+    /// List, show or delete key records in one store, or across a service's shards.
     #[command(subcommand)]
     Keys(keys::KeysCommand),
     /// Delete expired records (what the runtime's purger does).

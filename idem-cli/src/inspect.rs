@@ -26,10 +26,12 @@ use idem_runtime::inbox::PoisonMessage;
 use idem_runtime::outbox::{MessageState, OutboxEntry};
 use serde_json::{json, Value};
 
-use crate::args::{open_all, ScopeArgs};
+use crate::args::ScopeArgs;
+use crate::config::{Config, ConfigArg, Service};
 use crate::exit::{Failure, FOUND, OK};
 use crate::output::{self, entry_json, instant, key_label, poison_json, span};
-use crate::store::{KeyRecord, Store, StoreError, StoreSpec};
+use crate::service::Route;
+use crate::store::{KeyRecord, Place, Store, StoreError, StoreSpec};
 
 /// How deep child keys are followed.
 pub const MAX_DEPTH: usize = 4;
@@ -43,8 +45,8 @@ pub struct Node {
     pub key: String,
     /// The step it was derived by (none for the client's key).
     pub derived_by: Option<String>,
-    /// `(store name, record)` for each store that has one.
-    pub records: Vec<(String, KeyRecord)>,
+    /// `(store, record)` for each store (or shard) that has one.
+    pub records: Vec<(Place, KeyRecord)>,
     /// The outbox messages enqueued under this key, and their fate downstream.
     pub messages: Vec<Sent>,
     /// Keys derived from this one that some store knows, or that were asked for.
@@ -55,13 +57,13 @@ pub struct Node {
 #[derive(Debug)]
 pub struct Sent {
     /// The store whose outbox holds it.
-    pub store: String,
+    pub store: Place,
     /// The row.
     pub entry: OutboxEntry,
     /// `(store, record)`: consumers' records of it (scope `inbox/<consumer>`).
-    pub processed: Vec<(String, KeyRecord)>,
+    pub processed: Vec<(Place, KeyRecord)>,
     /// `(store, row)`: consumers that gave up on it.
-    pub poisoned: Vec<(String, PoisonMessage)>,
+    pub poisoned: Vec<(Place, PoisonMessage)>,
 }
 
 impl Sent {
@@ -122,16 +124,17 @@ pub struct Inspection {
     pub root: Node,
 }
 
-/// Builds the tree for `key` in `scope` over `stores`.
+/// Builds the tree for `key` in `scope` over `stores` (of a sharded
+/// service, the shards of the tenant's route).
 pub async fn inspect(
-    stores: &[(StoreSpec, Store)],
+    stores: &[(Place, Store)],
     scope: &str,
     key: &str,
     asked_steps: &[String],
 ) -> Result<Inspection, StoreError> {
     let mut candidates: BTreeSet<String> = asked_steps.iter().cloned().collect();
-    for (spec, store) in stores {
-        for step in store.steps(&spec.name).await? {
+    for (place, store) in stores {
+        for step in store.steps(&place.to_string()).await? {
             candidates.insert(step.step);
         }
     }
@@ -178,41 +181,41 @@ pub async fn inspect(
 }
 
 async fn lookup(
-    stores: &[(StoreSpec, Store)],
+    stores: &[(Place, Store)],
     scope: &str,
     key: &str,
-) -> Result<Vec<(String, KeyRecord)>, StoreError> {
+) -> Result<Vec<(Place, KeyRecord)>, StoreError> {
     let mut found = Vec::new();
-    for (spec, store) in stores {
-        if let Some(record) = store.record(&spec.name, scope, key).await? {
-            found.push((spec.name.clone(), record));
+    for (place, store) in stores {
+        if let Some(record) = store.record(&place.to_string(), scope, key).await? {
+            found.push((place.clone(), record));
         }
     }
     Ok(found)
 }
 
 async fn messages(
-    stores: &[(StoreSpec, Store)],
+    stores: &[(Place, Store)],
     scope: &str,
     key: &str,
 ) -> Result<Vec<Sent>, StoreError> {
     let mut found = Vec::new();
-    for (spec, store) in stores {
-        for entry in store.outbox_for(&spec.name, scope, key).await? {
+    for (place, store) in stores {
+        for entry in store.outbox_for(&place.to_string(), scope, key).await? {
             let mut sent = Sent {
-                store: spec.name.clone(),
+                store: place.clone(),
                 entry,
                 processed: Vec::new(),
                 poisoned: Vec::new(),
             };
             for (downstream, store) in stores {
                 let (records, poison) = store
-                    .inbox_for(&downstream.name, &sent.entry.message_id)
+                    .inbox_for(&downstream.to_string(), &sent.entry.message_id)
                     .await?;
                 sent.processed
-                    .extend(records.into_iter().map(|r| (downstream.name.clone(), r)));
+                    .extend(records.into_iter().map(|r| (downstream.clone(), r)));
                 sent.poisoned
-                    .extend(poison.into_iter().map(|p| (downstream.name.clone(), p)));
+                    .extend(poison.into_iter().map(|p| (downstream.clone(), p)));
             }
             found.push(sent);
         }
@@ -317,8 +320,14 @@ pub(crate) struct InspectArgs {
     #[arg(long = "step", value_name = "STEP")]
     steps: Vec<String>,
     /// A store, `NAME=URL`; repeat it for every service.
-    #[arg(long = "store", value_name = "NAME=URL", required = true)]
+    #[arg(long = "store", value_name = "NAME=URL")]
     stores: Vec<StoreSpec>,
+    #[command(flatten)]
+    config: ConfigArg,
+    /// A service of the config to look in; repeat it. Every service of the
+    /// config without it.
+    #[arg(long = "service", value_name = "NAME")]
+    services: Vec<String>,
 }
 
 /// Runs `idem inspect`: the tree of one key across the stores, printed or as JSON.
@@ -332,11 +341,50 @@ pub(crate) async fn run(
         idem_runtime::check_step_name(step)
             .map_err(|error| Failure::Usage(format!("--step {step}: {error}")))?;
     }
-    let stores = open_all(&args.stores).await?;
+    let mut services: Vec<Service> = args.stores.iter().cloned().map(Service::one).collect();
+    match &args.config.path {
+        Some(path) => services.extend(Config::load(path)?.select(&args.services)?),
+        None if !args.services.is_empty() => {
+            return Err(Failure::Usage(
+                "--service picks services of --config FILE; give the config too".into(),
+            ))
+        }
+        None => {}
+    }
+    if services.is_empty() {
+        return Err(Failure::Usage(
+            "give the stores: --store NAME=URL for every service, or --config FILE".into(),
+        ));
+    }
+    let mut names = BTreeSet::new();
+    let mut stores = Vec::new();
+    let mut routes: Vec<(String, Route)> = Vec::new();
+    for service in &services {
+        if !names.insert(service.name.as_str()) {
+            return Err(Failure::Usage(format!(
+                "two stores are named {}; name them: --store orders=URL --store payments=URL",
+                service.name
+            )));
+        }
+        let (route, opened) = service.open_for(&args.scope).await?;
+        routes.extend(route.map(|route| (service.name.clone(), route)));
+        stores.extend(opened);
+    }
     let found = inspect(&stores, &scope, &args.key, &args.steps).await?;
     if json_out {
-        output::json(&found.to_json(show_keys));
+        let mut value = found.to_json(show_keys);
+        if !routes.is_empty() {
+            let routes: serde_json::Map<String, Value> = routes
+                .iter()
+                .map(|(service, route)| (service.clone(), route.to_json()))
+                .collect();
+            value["routes"] = Value::Object(routes);
+        }
+        output::json(&value);
     } else {
+        for (service, route) in &routes {
+            println!("{service}: {}", route.describe());
+        }
         found.print(show_keys);
     }
     Ok(if found.needs_attention() { FOUND } else { OK })
@@ -405,7 +453,7 @@ fn print_node(node: &Node, head: &str, indent: &str, show_keys: bool) {
     }
 }
 
-fn print_record(store: &str, record: &KeyRecord, head: &str, rest: &str) {
+fn print_record(store: &Place, record: &KeyRecord, head: &str, rest: &str) {
     println!(
         "{head}{store}: {} {}  fingerprint {}…",
         record.status,
@@ -471,7 +519,7 @@ fn node_json(node: &Node, show_keys: bool) -> Value {
         .iter()
         .map(|(store, record)| {
             let mut value = serde_json::to_value(record).unwrap_or(Value::Null);
-            value["store"] = json!(store);
+            store.tag(&mut value);
             value["fingerprint_prefix"] = json!(record.fingerprint_prefix());
             value["body_excerpt"] = json!(record.body_text(200));
             value["expired"] = json!(record.expired());
@@ -495,19 +543,20 @@ fn node_json(node: &Node, show_keys: bool) -> Value {
 
 fn sent_json(sent: &Sent, show_keys: bool) -> Value {
     let mut value = entry_json(&sent.entry, show_keys);
-    value["store"] = json!(sent.store);
+    sent.store.tag(&mut value);
     value["inbox"] = sent
         .processed
         .iter()
         .map(|(store, record)| {
-            json!({
-                "store": store,
+            let mut value = json!({
                 "consumer": consumer_of(&record.scope),
                 "step": record.step,
                 "status": record.status,
                 "response_status": record.response_status,
                 "created_at_ms": record.created_at_ms,
-            })
+            });
+            store.tag(&mut value);
+            value
         })
         .collect();
     value["poison"] = sent
@@ -515,7 +564,7 @@ fn sent_json(sent: &Sent, show_keys: bool) -> Value {
         .iter()
         .map(|(store, row)| {
             let mut value = poison_json(row);
-            value["store"] = json!(store);
+            store.tag(&mut value);
             value
         })
         .collect();

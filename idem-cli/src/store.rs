@@ -113,7 +113,7 @@ fn default_name(location: &str) -> String {
 
 impl StoreSpec {
     fn is_postgres(&self) -> bool {
-        self.location.starts_with("postgres://") || self.location.starts_with("postgresql://")
+        crate::config::is_postgres(&self.location)
     }
 
     fn is_mysql(&self) -> bool {
@@ -135,6 +135,61 @@ impl StoreSpec {
                 }
             }
             _ => self.location.clone(),
+        }
+    }
+}
+
+/// Where a record lives: a service's store, and its shard when the service
+/// has several.
+///
+/// ```
+/// use idem_cli::store::{Place, StoreSpec};
+/// let spec: StoreSpec = "orders=orders.db".parse().unwrap();
+/// assert_eq!(Place::from(&spec).to_string(), "orders");
+/// let shard = Place { service: "payments".into(), shard: Some(1) };
+/// assert_eq!(shard.to_string(), "payments shard 1");
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Place {
+    /// The service.
+    pub service: String,
+    /// The shard's index, for a sharded service.
+    pub shard: Option<usize>,
+}
+
+impl From<&StoreSpec> for Place {
+    /// A store given on its own (`NAME=URL`): no shard.
+    fn from(spec: &StoreSpec) -> Self {
+        Place {
+            service: spec.name.clone(),
+            shard: None,
+        }
+    }
+}
+
+impl std::fmt::Display for Place {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.shard {
+            Some(shard) => write!(f, "{} shard {shard}", self.service),
+            None => f.write_str(&self.service),
+        }
+    }
+}
+
+impl Place {
+    /// Sets `store` (and `shard`, for a shard) on a JSON object.
+    ///
+    /// ```
+    /// use idem_cli::store::Place;
+    /// let mut value = serde_json::json!({"status": "completed"});
+    /// Place { service: "payments".into(), shard: Some(2) }.tag(&mut value);
+    /// assert_eq!(value["store"], "payments");
+    /// assert_eq!(value["shard"], 2);
+    /// ```
+    pub fn tag(&self, value: &mut serde_json::Value) {
+        value["store"] = serde_json::json!(self.service);
+        if let Some(shard) = self.shard {
+            value["shard"] = serde_json::json!(shard);
         }
     }
 }

@@ -12,6 +12,7 @@ use serde_json::json;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::PgPool;
 
+use crate::config::{is_postgres, Config, ConfigArg, Layout};
 use crate::exit::{Failure, FOUND, OK};
 use crate::output;
 use crate::store::StoreError;
@@ -35,11 +36,17 @@ pub(crate) struct MoveArgs {
     to: usize,
     /// The Postgres database holding the directory table `idem_tenant_shards`.
     #[arg(long, value_name = "URL", env = "IDEM_DIRECTORY")]
-    directory: String,
+    directory: Option<String>,
     /// A shard's Postgres URL, in the order the directory's indexes name them
-    /// (repeat: --shard URL0 --shard URL1 ...).
-    #[arg(long = "shard", value_name = "URL", required = true)]
+    /// (repeat: --shard URL0 --shard URL1 ...). Or give --config.
+    #[arg(long = "shard", value_name = "URL")]
     shards: Vec<String>,
+    #[command(flatten)]
+    config: ConfigArg,
+    /// The config's service whose shards and directory to use (needed when
+    /// the config names several).
+    #[arg(long, value_name = "NAME")]
+    service: Option<String>,
     /// How long to wait for relays to finish deliveries they leased of the
     /// tenant's messages.
     #[arg(long, value_parser = humantime::parse_duration, default_value = "30s")]
@@ -51,6 +58,44 @@ pub(crate) struct MoveArgs {
     /// idem's `faults` feature).
     #[arg(long, value_name = "POINT", hide = true)]
     fault: Option<FaultPoint>,
+}
+
+impl MoveArgs {
+    /// The directory's URL and the shards' URLs: the flags', or the config
+    /// service's.
+    fn databases(&self) -> Result<(String, Vec<String>), Failure> {
+        let flags = self.directory.is_some() || !self.shards.is_empty();
+        match (&self.config.path, flags) {
+            (Some(_), true) => Err(Failure::Usage(
+                "give --directory and --shard, or --config, not both \
+                 (IDEM_DIRECTORY and IDEM_CONFIG count)"
+                    .into(),
+            )),
+            (Some(path), false) => {
+                let service = Config::load(path)?.one(self.service.as_deref())?;
+                match service.layout {
+                    Layout::Sharded {
+                        shards,
+                        directory: Some(directory),
+                    } => Ok((
+                        directory.location,
+                        shards.into_iter().map(|spec| spec.location).collect(),
+                    )),
+                    _ => Err(Failure::Usage(format!(
+                        "service {}: a move needs shards = [...] and directory = URL in the config",
+                        service.name
+                    ))),
+                }
+            }
+            (None, _) => match (&self.directory, self.shards.is_empty()) {
+                (Some(directory), false) => Ok((directory.clone(), self.shards.clone())),
+                _ => Err(Failure::Usage(
+                    "give the shards: --directory URL and --shard URL (repeat), or --config FILE"
+                        .into(),
+                )),
+            },
+        }
+    }
 }
 
 /// Runs `idem tenant ...`.
@@ -66,9 +111,10 @@ async fn run_move(json_out: bool, args: &MoveArgs) -> Result<u8, Failure> {
             "--fault needs a build with idem's `faults` feature".to_owned(),
         ));
     }
-    let directory = connect("directory", &args.directory).await?;
+    let (directory, urls) = args.databases()?;
+    let directory = connect("directory", &directory).await?;
     let mut engines = Vec::new();
-    for (index, url) in args.shards.iter().enumerate() {
+    for (index, url) in urls.iter().enumerate() {
         engines.push(Engine::new(connect(&format!("shard {index}"), url).await?));
     }
     let shards = Shards::new(engines, DirectoryRouter::new(directory));
@@ -123,7 +169,7 @@ fn report(json_out: bool, tenant: &str, moved: &Moved) {
 
 /// A pool on a Postgres URL; a URL that is not one is a usage error.
 async fn connect(name: &str, url: &str) -> Result<PgPool, Failure> {
-    if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
+    if !is_postgres(url) {
         return Err(Failure::Usage(format!(
             "{name}: {url:?} is not a postgres:// URL; tenant moves run on Postgres shards"
         )));

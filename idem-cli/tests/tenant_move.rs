@@ -3,14 +3,21 @@
 //! and replayed from the target, the command's errors and exit codes, and a
 //! move killed at each of its fault points, which leaves the tenant routed
 //! to one shard and the other fenced, and is finished by running it again.
+//! Then `idem keys` and `idem inspect` over the shards of a config file:
+//! one service routed by the directory, one by the hash router.
 
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
 
 use idem_runtime::outbox::{self, Message};
-use idem_runtime::shard::{DirectoryRouter, Shards};
-use idem_runtime::{Engine, IdemError, IdempotencyKey, Operation, Problem, Scope, Step, Via};
+use idem_runtime::shard::{DirectoryRouter, HashRouter, Router, Shards, TenantMove};
+use idem_runtime::{
+    child_key, Engine, IdemError, IdempotencyKey, Operation, Problem, Scope, Step, Via,
+};
 use idem_test_support::postgres;
+use serde_json::Value;
 use sqlx::Postgres;
 
 const NOTIFY: Step = Step::new("notify.v1");
@@ -167,6 +174,9 @@ impl Fixture {
 fn idem(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_idem"))
         .args(args)
+        .env_remove("IDEM_STORE")
+        .env_remove("IDEM_CONFIG")
+        .env_remove("IDEM_DIRECTORY")
         .output()
         .expect("run idem")
 }
@@ -357,4 +367,504 @@ async fn a_move_killed_after_the_flip_is_finished_by_running_it_again() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_move_killed_after_the_delete_is_finished_by_running_it_again() {
     killed_at("tenant-move-after-delete").await;
+}
+
+/// Three migrated databases, as one service's shards.
+async fn shard_engines() -> (Vec<String>, Vec<Engine<Postgres>>) {
+    let mut urls = Vec::new();
+    let mut engines = Vec::new();
+    for _ in 0..3 {
+        let url = postgres().fresh_database().await;
+        let engine = Engine::<Postgres>::connect_postgres(&url).await.unwrap();
+        engine.migrate().await.unwrap();
+        urls.push(url);
+        engines.push(engine);
+    }
+    (urls, engines)
+}
+
+/// Runs `step` of `tenant` under `key` on the shard `shards` route it to; that shard.
+async fn write<R: Router>(
+    shards: &Shards<Postgres, R>,
+    tenant: &str,
+    key: &str,
+    step: &'static str,
+) -> usize {
+    let op = Operation::new(
+        Scope::tenant(tenant),
+        IdempotencyKey::new(key).unwrap(),
+        step,
+        &1,
+    );
+    let shard = shards.index(op.scope()).await.unwrap();
+    shards.engines()[shard]
+        .run(&op, async |_tx| Ok::<_, Problem>(format!("{tenant} {key}")))
+        .await
+        .unwrap();
+    // Distinct creation times, so the newest-first order is one order.
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    shard
+}
+
+/// `idem.toml` in `dir`: `orders` on `hashed` (the hash router), `payments`
+/// on the fixture's shards and its directory.
+fn write_config(dir: &Path, hashed: &[String], fixture: &Fixture) -> PathBuf {
+    let list = |urls: &[String]| {
+        let quoted: Vec<String> = urls.iter().map(|url| format!("{url:?}")).collect();
+        quoted.join(", ")
+    };
+    let path = dir.join("idem.toml");
+    let text = format!(
+        "[services.orders]\nshards = [{}]\n\n[services.payments]\nshards = [{}]\ndirectory = {:?}\n",
+        list(hashed),
+        list(&fixture.urls),
+        fixture.urls[0]
+    );
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+fn stdout_json(out: &Output) -> Value {
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("not JSON ({e}): {}", text(out)))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_and_inspect_read_every_shard_of_a_config() {
+    let fixture = Fixture::new().await;
+    let (hashed_urls, engines) = shard_engines().await;
+    let orders = Shards::new(engines, HashRouter);
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), &hashed_urls, &fixture);
+    let config = config.to_str().unwrap();
+
+    // Six tenants of orders, two per shard, written so that the newest
+    // three are on three different shards.
+    let mut by_shard: [Vec<String>; 3] = Default::default();
+    for n in 0.. {
+        let tenant = format!("t-{n}");
+        let shard = HashRouter::index(&tenant, 3);
+        if by_shard[shard].len() < 2 {
+            by_shard[shard].push(tenant);
+        }
+        if by_shard.iter().all(|tenants| tenants.len() == 2) {
+            break;
+        }
+    }
+    let mut written = Vec::new();
+    for round in 0..2 {
+        for tenants in &by_shard {
+            let tenant = &tenants[round];
+            let shard = write(&orders, tenant, "order-1", "place-order.v1").await;
+            written.push((tenant.clone(), shard));
+        }
+    }
+
+    // One listing across the shards, each row with its shard.
+    let list = |extra: &[&str]| {
+        let mut args = vec![
+            "--json",
+            "keys",
+            "list",
+            "--config",
+            config,
+            "--service",
+            "orders",
+        ];
+        args.extend(extra);
+        let out = idem(&args);
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+        stdout_json(&out)
+    };
+    let rows = |listing: &Value| -> Vec<(String, u64)> {
+        listing["records"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| {
+                (
+                    r["scope"].as_str().unwrap().to_owned(),
+                    r["shard"].as_u64().unwrap(),
+                )
+            })
+            .collect()
+    };
+    let newest_first: Vec<(String, u64)> = written
+        .iter()
+        .rev()
+        .map(|(tenant, shard)| (Scope::tenant(tenant).as_stored().to_owned(), *shard as u64))
+        .collect();
+    let all = list(&[]);
+    assert_eq!(all["shards"], 3);
+    assert_eq!(rows(&all), newest_first);
+    // --limit holds across the shards: the three newest, one per shard.
+    assert_eq!(rows(&list(&["--limit", "3"])), newest_first[..3]);
+    let out = idem(&[
+        "keys",
+        "list",
+        "--config",
+        config,
+        "--service",
+        "orders",
+        "--limit",
+        "2",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let shown = text(&out);
+    assert!(shown.starts_with("shard  key"), "{shown}");
+    assert!(
+        shown.contains("2 record(s) in orders (3 shards)"),
+        "{shown}"
+    );
+
+    // show: found on the tenant's shard, named.
+    let (tenant, shard) = &written[4];
+    let show = |service: &str, tenant: &str, key: &str| {
+        idem(&[
+            "keys",
+            "show",
+            "--config",
+            config,
+            "--service",
+            service,
+            "--scope",
+            tenant,
+            "--key",
+            key,
+        ])
+    };
+    let out = show("orders", tenant, "order-1");
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert!(
+        text(&out).contains(&format!("tenant {tenant}: shard {shard} (hash router)")),
+        "{}",
+        text(&out)
+    );
+    assert!(
+        text(&out).contains(&format!("shard        {shard} (the tenant's shard)")),
+        "{}",
+        text(&out)
+    );
+    let out = show("orders", tenant, "order-2");
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+
+    // The directory service: acme listed on shard 0, initech not listed.
+    let out = show("payments", "acme", "k-1");
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert!(
+        text(&out).contains("tenant acme: shard 0 (directory)"),
+        "{}",
+        text(&out)
+    );
+    let initech = write(&fixture.shards, "initech", "k-9", "charge.v1").await;
+    let out = show("payments", "initech", "k-9");
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert!(
+        text(&out).contains(&format!(
+            "tenant initech: shard {initech} (not in the directory: placed by the hash of its name)"
+        )),
+        "{}",
+        text(&out)
+    );
+
+    // inspect over both sharded services and a store of one: the order in
+    // orders on acme's hash shard, its charge in payments on acme's
+    // directory shard, with its outbox message, and a ledger entry.
+    let order = "order-acme-1";
+    let acme_orders = write(&orders, "acme", order, "place-order.v1").await;
+    let charge = child_key(order, "charge-card.v1");
+    fixture.charge(&charge).await.unwrap();
+    let ledger_url = postgres().fresh_database().await;
+    let ledger = Engine::<Postgres>::connect_postgres(&ledger_url)
+        .await
+        .unwrap();
+    ledger.migrate().await.unwrap();
+    let ledger_store = format!("ledger={ledger_url}");
+    let inspect = |extra: &[&str]| {
+        let mut args = vec![
+            "inspect",
+            "--config",
+            config,
+            "--store",
+            &ledger_store,
+            "--scope",
+            "acme",
+            "--key",
+            order,
+            "--step",
+            "charge-card.v1",
+        ];
+        args.extend(extra);
+        idem(&args)
+    };
+    let out = inspect(&[]);
+    let shown = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{shown}");
+    for line in [
+        format!("orders: tenant acme: shard {acme_orders} (hash router)"),
+        "payments: tenant acme: shard 0 (directory)".to_owned(),
+        format!("orders shard {acme_orders}: completed place-order.v1"),
+        format!("K in orders shard {acme_orders}: completed once, response 200 (place-order.v1)"),
+        "child(K, charge-card.v1) in payments shard 0: completed once, response 200 (charge.v1)"
+            .to_owned(),
+        "child(K, charge-card.v1) in payments shard 0 outbox: notify.v1 message".to_owned(),
+    ] {
+        assert!(shown.contains(&line), "no {line:?} in\n{shown}");
+    }
+    let value = stdout_json(&inspect(&["--json"]));
+    assert_eq!(value["routes"]["payments"]["shard"], 0);
+    let child = &value["root"]["children"][0];
+    assert_eq!(child["records"][0]["store"], "payments");
+    assert_eq!(child["records"][0]["shard"], 0);
+    assert_eq!(child["outbox"][0]["shard"], 0);
+    assert_eq!(value["root"]["records"][0]["shard"], acme_orders);
+
+    // acme moved by the library to shard 2: found there, listed there.
+    TenantMove::new("acme", 2)
+        .run(&fixture.shards)
+        .await
+        .unwrap();
+    let out = show("payments", "acme", "k-1");
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert!(
+        text(&out).contains("tenant acme: shard 2 (directory)"),
+        "{}",
+        text(&out)
+    );
+    assert!(
+        text(&out).contains("shard        2 (the tenant's shard)"),
+        "{}",
+        text(&out)
+    );
+    let scope = Scope::tenant("acme");
+    let listing = stdout_json(&idem(&[
+        "--json",
+        "keys",
+        "list",
+        "--config",
+        config,
+        "--service",
+        "payments",
+        "--scope",
+        "acme",
+    ]));
+    let shards: Vec<&Value> = listing["records"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .inspect(|r| assert_eq!(r["scope"], scope.as_stored()))
+        .map(|r| &r["shard"])
+        .collect();
+    assert_eq!(shards, vec![&Value::from(2); 4]);
+    let out = inspect(&[]);
+    assert!(
+        text(&out).contains("child(K, charge-card.v1) in payments shard 2: completed once"),
+        "{}",
+        text(&out)
+    );
+
+    // The directory put back by hand: the records are off the tenant's
+    // route, which is said, with exit 1, and they are not deleted.
+    fixture.shards.router().assign("acme", 0).await.unwrap();
+    let out = show("payments", "acme", "k-1");
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(
+        text(&out).contains("shard        0 (the tenant's shard): no record"),
+        "{}",
+        text(&out)
+    );
+    assert!(
+        text(&out).contains(
+            "is on shard 2, and tenant acme is routed to shard 0: a move was interrupted"
+        ),
+        "{}",
+        text(&out)
+    );
+    let out = idem(&[
+        "keys",
+        "delete",
+        "--config",
+        config,
+        "--service",
+        "payments",
+        "--scope",
+        "acme",
+        "--key",
+        "k-1",
+        "--yes",
+    ]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(text(&out).contains("not deleted there"), "{}", text(&out));
+    assert_eq!(fixture.bodies(2).await.len(), 4);
+    fixture.shards.router().assign("acme", 2).await.unwrap();
+
+    // A move run from the config and killed after its flip: both shards
+    // hold the tenant's records, each said why; running it again finishes.
+    let globex = |extra: &[&str]| {
+        let mut args = vec![
+            "tenant",
+            "move",
+            "--tenant",
+            "globex",
+            "--to",
+            "1",
+            "--config",
+            config,
+            "--service",
+            "payments",
+        ];
+        args.extend(extra);
+        idem(&args)
+    };
+    fixture.shards.router().assign("globex", 0).await.unwrap();
+    write(&fixture.shards, "globex", "g-1", "charge.v1").await;
+    let out = globex(&["--fault", "tenant-move-after-copy"]);
+    assert!(!out.status.success(), "{}", text(&out));
+    let out = show("payments", "globex", "g-1");
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    for line in [
+        "tenant globex: shard 0 (directory), moving to shard 1",
+        "shard        0 (the tenant's shard)",
+        "shard        1 (the target of the tenant's unfinished move)",
+    ] {
+        assert!(text(&out).contains(line), "no {line:?} in\n{}", text(&out));
+    }
+    let out = globex(&["--fault", "tenant-move-after-flip"]);
+    assert!(!out.status.success(), "{}", text(&out));
+    let out = show("payments", "globex", "g-1");
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    for line in [
+        "tenant globex: shard 1 (directory), moved from shard 0",
+        "shard        1 (the tenant's shard)",
+        "shard        0 (the source of the tenant's unfinished move: the move deletes this copy)",
+    ] {
+        assert!(text(&out).contains(line), "no {line:?} in\n{}", text(&out));
+    }
+    let out = globex(&[]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let out = show("payments", "globex", "g-1");
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert!(!text(&out).contains("shard        0"), "{}", text(&out));
+
+    // delete on the tenant's shard.
+    let (tenant, shard) = &written[0];
+    let out = idem(&[
+        "--json",
+        "keys",
+        "delete",
+        "--config",
+        config,
+        "--service",
+        "orders",
+        "--scope",
+        tenant,
+        "--key",
+        "order-1",
+        "--yes",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert_eq!(stdout_json(&out)["shards"], serde_json::json!([shard]));
+    assert_eq!(show("orders", tenant, "order-1").status.code(), Some(1));
+
+    // A record of a hash-routed tenant on another shard: said, exit 1.
+    let (tenant, shard) = &written[1];
+    let elsewhere = (shard + 1) % 3;
+    let op = Operation::new(
+        Scope::tenant(tenant),
+        IdempotencyKey::new("order-9").unwrap(),
+        "place-order.v1",
+        &1,
+    );
+    orders.engines()[elsewhere]
+        .run(&op, async |_tx| Ok::<_, Problem>(1))
+        .await
+        .unwrap();
+    let out = show("orders", tenant, "order-9");
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(
+        text(&out).contains(&format!(
+            "is on shard {elsewhere}, and tenant {tenant} is routed to shard {shard}: the shards \
+             were listed in another order"
+        )),
+        "{}",
+        text(&out)
+    );
+}
+
+#[tokio::test]
+async fn a_bad_config_is_exit_2_and_an_unreachable_shard_exit_3() {
+    let dir = tempfile::tempdir().unwrap();
+    let write = |name: &str, text: &str| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, text).unwrap();
+        path.to_str().unwrap().to_owned()
+    };
+    let list = |config: &str| idem(&["keys", "list", "--config", config]);
+
+    let malformed = write("malformed.toml", "[services.orders\nstore = 1\n");
+    let out = list(&malformed);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(text(&out).contains("idem: config "), "{}", text(&out));
+
+    let no_store = write(
+        "empty.toml",
+        "[services.orders]\ndirectory = \"postgres://h/d\"\n",
+    );
+    let out = list(&no_store);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(
+        text(&out).contains("service orders names no store"),
+        "{}",
+        text(&out)
+    );
+
+    let out = list(&dir.path().join("missing.toml").to_string_lossy());
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(text(&out).contains("cannot read it"), "{}", text(&out));
+
+    let reachable = postgres().fresh_database().await;
+    Engine::<Postgres>::connect_postgres(&reachable)
+        .await
+        .unwrap()
+        .migrate()
+        .await
+        .unwrap();
+    let down = write(
+        "down.toml",
+        &format!(
+            "[services.orders]\nshards = [{reachable:?}, \"postgres://idem@127.0.0.1:1/none\"]\n"
+        ),
+    );
+    let out = list(&down);
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out));
+    assert!(
+        text(&out).contains("store orders shard 1: cannot open"),
+        "{}",
+        text(&out)
+    );
+    // inspect reads the tenant's shard only: exit 3 when it is the one down.
+    let tenant_on = |shard: usize| {
+        (0..)
+            .map(|n| format!("t-{n}"))
+            .find(|tenant| HashRouter::index(tenant, 2) == shard)
+            .unwrap()
+    };
+    let inspect = |tenant: &str| {
+        idem(&[
+            "inspect", "--config", &down, "--scope", tenant, "--key", "k",
+        ])
+    };
+    let out = inspect(&tenant_on(1));
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out));
+    assert!(
+        text(&out).contains("store orders shard 1: cannot open"),
+        "{}",
+        text(&out)
+    );
+    let out = inspect(&tenant_on(0));
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(
+        text(&out).contains("K: no record in any store"),
+        "{}",
+        text(&out)
+    );
 }

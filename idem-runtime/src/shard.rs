@@ -136,25 +136,76 @@ impl DirectoryRouter {
     }
 }
 
+/// A tenant's row in the directory table: its shard, and a [`TenantMove`]'s
+/// progress.
+///
+/// ```no_run
+/// # async fn demo(directory: idem_runtime::shard::DirectoryRouter) -> Result<(), sqlx::Error> {
+/// if let Some(entry) = directory.entry("acme").await? {
+///     if let Some(target) = entry.moving_to {
+///         println!("acme is moving from shard {} to shard {target}", entry.shard);
+///     }
+/// }
+/// # Ok(()) }
+/// ```
+#[cfg(feature = "postgres")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DirectoryEntry {
+    /// The shard the tenant is routed to.
+    pub shard: usize,
+    /// The target of a move that fenced the tenant and has not flipped its
+    /// route yet: its requests are refused until it does.
+    pub moving_to: Option<usize>,
+    /// The source of a move that flipped the route and has not deleted the
+    /// tenant's copies there yet.
+    pub moved_from: Option<usize>,
+}
+
+#[cfg(feature = "postgres")]
+impl DirectoryRouter {
+    /// The directory's row of `tenant`; `None` for a tenant it does not
+    /// list (routed by [`HashRouter`]).
+    pub async fn entry(&self, tenant: &str) -> Result<Option<DirectoryEntry>, sqlx::Error> {
+        directory_entry(&self.pool, tenant).await
+    }
+}
+
+/// The directory's row of `tenant` on `executor`. The move columns are read
+/// from the row as JSON: a table created before moves existed, without
+/// them, reads as one where no move ran.
+#[cfg(feature = "postgres")]
+pub(crate) async fn directory_entry<'c>(
+    executor: impl sqlx::PgExecutor<'c>,
+    tenant: &str,
+) -> Result<Option<DirectoryEntry>, sqlx::Error> {
+    let row: Option<(i32, Option<i32>, Option<i32>)> = sqlx::query_as(
+        "SELECT shard, (to_jsonb(t) ->> 'moving_to')::int4, (to_jsonb(t) ->> 'moved_from')::int4 \
+         FROM idem_tenant_shards t WHERE tenant = $1",
+    )
+    .bind(tenant)
+    .fetch_optional(executor)
+    .await?;
+    Ok(row.map(|(shard, moving_to, moved_from)| DirectoryEntry {
+        shard: shard as usize,
+        moving_to: moving_to.map(|shard| shard as usize),
+        moved_from: moved_from.map(|shard| shard as usize),
+    }))
+}
+
 #[cfg(feature = "postgres")]
 impl Router for DirectoryRouter {
     async fn shard_of<'a>(&'a self, tenant: &'a str, shards: usize) -> Result<usize, sqlx::Error> {
-        // `moving_to` read from the row as JSON: a table created before
-        // moves existed, without the column, routes as it did.
-        let listed: Option<(i32, Option<i32>)> = sqlx::query_as(
-            "SELECT shard, (to_jsonb(t) ->> 'moving_to')::int4 FROM idem_tenant_shards t \
-             WHERE tenant = $1",
-        )
-        .bind(tenant)
-        .fetch_optional(&self.pool)
-        .await?;
-        match listed {
-            Some((_, Some(moving_to))) => Err(sqlx::Error::Protocol(format!(
+        match self.entry(tenant).await? {
+            Some(DirectoryEntry {
+                moving_to: Some(moving_to),
+                ..
+            }) => Err(sqlx::Error::Protocol(format!(
                 "tenant {tenant:?} is moving to shard {moving_to}; retry once the move is done"
             ))),
-            Some((shard, None)) if (shard as usize) < shards => Ok(shard as usize),
-            Some((shard, None)) => Err(sqlx::Error::Protocol(format!(
-                "idem_tenant_shards routes tenant {tenant:?} to shard {shard}, and there are {shards}"
+            Some(entry) if entry.shard < shards => Ok(entry.shard),
+            Some(entry) => Err(sqlx::Error::Protocol(format!(
+                "idem_tenant_shards routes tenant {tenant:?} to shard {}, and there are {shards}",
+                entry.shard
             ))),
             None => Ok(HashRouter::index(tenant, shards)),
         }

@@ -57,7 +57,7 @@ use std::time::Duration;
 
 use sqlx::{Connection, PgConnection, PgPool, Postgres};
 
-use super::{DirectoryRouter, HashRouter, Shards};
+use super::{directory_entry, DirectoryEntry, DirectoryRouter, HashRouter, Shards};
 use crate::faults::{abort_at, FaultPoint};
 use crate::Scope;
 
@@ -271,35 +271,37 @@ impl TenantMove {
     }
 
     async fn run_locked(&self, directory: &PgPool, pools: &[PgPool]) -> Result<Moved, MoveError> {
-        let row: Option<(i32, Option<i32>, Option<i32>)> = sqlx::query_as(
-            "SELECT shard, moving_to, moved_from FROM idem_tenant_shards WHERE tenant = $1",
-        )
-        .bind(&self.tenant)
-        .fetch_optional(directory)
-        .await?;
+        let row = directory_entry(directory, &self.tenant).await?;
         let from = match row {
-            Some((shard, _, Some(moved_from))) => {
+            Some(DirectoryEntry {
+                shard,
+                moved_from: Some(moved_from),
+                ..
+            }) => {
                 // A flipped move whose source was not cleaned: finish it.
-                self.delete_from_source(directory, &pools[moved_from as usize])
+                self.delete_from_source(directory, &pools[moved_from])
                     .await?;
-                if shard as usize == self.to {
+                if shard == self.to {
                     return Ok(Moved {
-                        from: moved_from as usize,
+                        from: moved_from,
                         to: self.to,
                         keys: 0,
                         messages: 0,
                         already_there: false,
                     });
                 }
-                shard as usize
+                shard
             }
-            Some((_, Some(moving_to), None)) if moving_to as usize != self.to => {
+            Some(DirectoryEntry {
+                moving_to: Some(moving_to),
+                ..
+            }) if moving_to != self.to => {
                 return Err(MoveError::AnotherMove {
                     tenant: self.tenant.clone(),
-                    moving_to: moving_to as usize,
+                    moving_to,
                 })
             }
-            Some((shard, _, None)) => shard as usize,
+            Some(entry) => entry.shard,
             None => HashRouter::index(&self.tenant, pools.len()),
         };
         if from >= pools.len() {
