@@ -13,13 +13,21 @@
 //! with synchronous and once with asynchronous replication (the scenario of
 //! `tests/failover.rs`, at `--keys` keys, default 2000, and `--clients`
 //! clients, default 8; the primary is killed once three eighths of the keys
-//! are answered). It prints each run's figures (answers lost, re-executions,
-//! 503s, the receiver's deliveries, those answered from its inbox's record,
-//! effects run twice, the time without a primary) and exits non-zero if an
-//! effect ran twice at the receiver, a synchronous run lost an answer, an
-//! asynchronous run re-executed a key whose answer was not lost, or a key
-//! was still held (409) when every key was sent once more after the
-//! failover.
+//! are answered). The load is retrying clients over HTTP: each client sends
+//! its keys to the scenario's charge service (an `#[idempotent(http)]`
+//! handler served on a loopback socket, whose engine and pool live through
+//! the failover) with idem-client, which retries 503s, 409s and lost
+//! connections with the same `Idempotency-Key`, honouring `Retry-After`,
+//! until a 201. It prints each run's figures (answers lost, re-executions,
+//! the clients' retries, 503s, 409s, those without `Retry-After`, other
+//! 5xx, replays byte-identical to the first answer, the receiver's
+//! deliveries, those answered from its inbox's record, effects run twice,
+//! the time without a primary) and exits non-zero if an effect ran twice at
+//! the receiver, a synchronous run lost an answer, an asynchronous run
+//! re-executed a key whose answer was not lost, a key was still held (409)
+//! when every key was sent once more after the failover, or over HTTP a
+//! 5xx other than 503 came back, a 503 or 409 came without `Retry-After`,
+//! or a replay differed from the first answer.
 //!
 //! With `--cluster-url`, the failover runs once, on a cluster managed by
 //! other software (`examples/patroni/run.sh` starts Patroni, etcd and
@@ -1072,6 +1080,9 @@ async fn failover_runs(args: &HashMap<String, String>) -> Result<bool, BoxError>
         good &= figures.receiver_duplicates == 0
             && figures.reexecuted == figures.lost
             && figures.in_progress_after == 0
+            && figures.server_errors == 0
+            && figures.without_retry_after == 0
+            && figures.replays_differing == 0
             && (!synchronous || figures.lost == 0);
     }
     Ok(good)

@@ -4,11 +4,20 @@
 //! replication: a primary and a standby made with `pg_basebackup -R`, the
 //! service reaching the primary through a loopback TCP forwarder (the
 //! address that follows the leader, as a re-pointed PgBouncer or an
-//! HAProxy would). Retrying clients charge keys while the primary is
-//! killed with SIGKILL; for a second the service has no primary (every
-//! claim is a 503 with `Retry-After`, never a 500); then the standby is
-//! promoted and the forwarder re-pointed, and the same engine and pool go
-//! on without a restart. Afterwards every key is sent once more.
+//! HAProxy would). The service is an axum one on a loopback socket: its
+//! `POST /{tenant}/charges`, an `#[idempotent(http)]` handler, writes the
+//! payment and enqueues its notification in the claim's transaction.
+//! Retrying clients (idem-client's [`IdempotentRetry`], which retries 503s,
+//! 409s and lost connections with the same `Idempotency-Key`, honouring
+//! `Retry-After`) send their keys over HTTP, each until a 201, while the
+//! primary is killed with SIGKILL; for a second the service has no primary
+//! (every claim is a 503 with `Retry-After`, never a 500); then the standby
+//! is promoted and the forwarder re-pointed, and the same engine and pool
+//! go on without a restart. Afterwards every key is sent once more: each
+//! answer is a replay byte-identical to the first, or (its record lost with
+//! the primary) a run of its own. Every attempt is counted below the retry
+//! loop: the 503s and 409s and whether they carried `Retry-After`, any other
+//! 5xx, any attempt without an answer.
 //!
 //! How the primary dies and who takes over is a [`Cluster`]: [`ByHand`]
 //! (the above, used by the suite) or a cluster managed by other software
@@ -17,7 +26,8 @@
 //!
 //! - Synchronous replication (`synchronous_standby_names = '*'`,
 //!   `synchronous_commit = remote_apply`): every answer given before the
-//!   kill is found after it and replayed; nothing runs twice.
+//!   kill is found after it and replayed, byte for byte; nothing runs
+//!   twice.
 //! - Asynchronous replication: a commit not yet streamed is lost with the
 //!   primary, the key record with the business write (one transaction),
 //!   so the key's retry runs it again: counted, never doubled in the data.
@@ -30,17 +40,25 @@
 //! again with the same id and is answered from its inbox's record: every
 //! message's effect runs once at the receiver, in both runs.
 
+use std::collections::HashSet;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use axum::extract::{FromRef, Path, State};
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use idem::http::Json;
 use idem::outbox::{self, Backoff, Message, Relay, WebhookSink};
 use idem::signature::SigningSecret;
-use idem::{Engine, IdemError, IdempotencyKey, Operation, Policy, Problem, Scope, Via};
+use idem::{idempotent, Engine, Fingerprint, IdempotencyKey, Policy, Problem, Scope};
+use idem_client::reqwest_middleware::{self, ClientWithMiddleware};
+use idem_client::{reqwest, IdempotentRetry, RequestBuilderExt, ResponseExt, RetryPolicy};
 use idem_test_support::{free_port, is_root, postgres, postgres_tool as pg, run, PgServer};
-use sqlx::{PgPool, Postgres};
+use serde::Deserialize;
+use sqlx::{PgConnection, PgPool, Postgres};
 
 idem::steps! {
     const CHARGE = "charge.v1";
@@ -294,46 +312,6 @@ impl Cluster for ByHand {
     }
 }
 
-#[derive(Default)]
-struct Tally {
-    answered: AtomicU64,
-    unavailable: AtomicU64,
-    in_progress: AtomicU64,
-    /// The first answer per key: its value (the payment id), and whether
-    /// it came before the kill.
-    first: Mutex<Vec<Option<(i64, bool)>>>,
-}
-
-/// A charge's answer: the payment id and how it came, or the work's own
-/// 503 (its statement met the lost connection; rolled back, not stored).
-/// The work also enqueues the payment's notification to `hook`.
-async fn charge(
-    engine: &Engine<Postgres>,
-    key: &str,
-    hook: &str,
-) -> Result<Result<(i64, Via), Problem>, IdemError> {
-    let scope = Scope::tenant("acme");
-    let parent = IdempotencyKey::new(key).unwrap();
-    let message = Message::webhook(hook)
-        .json(&serde_json::json!({ "payment": key }))
-        .unwrap()
-        .for_step(&parent, NOTIFY)
-        .scope(&scope);
-    let op = Operation::new(scope, parent, CHARGE.name(), &10i64);
-    let key = key.to_owned();
-    engine
-        .run(&op, async |tx| {
-            let id: i64 = sqlx::query_scalar("INSERT INTO payments (key) VALUES ($1) RETURNING id")
-                .bind(&key)
-                .fetch_one(&mut *tx)
-                .await?;
-            outbox::enqueue(&mut *tx, &message).await?;
-            Ok::<_, Problem>(id)
-        })
-        .await
-        .map(|answer| answer.value.map(|id| (id, answer.via)))
-}
-
 /// What the receiver saw: deliveries, and those answered from its inbox's
 /// record (`Idempotent-Replayed: true`).
 #[derive(Default)]
@@ -392,47 +370,216 @@ async fn receiver() -> (String, PgPool, Arc<Seen>) {
     (hook_url, pool, seen)
 }
 
-/// One retrying client: each of its keys until a 2xx, honouring the 503's
-/// and the 409's `Retry-After` (shortened), within a bound.
-async fn client(
+/// `POST /{tenant}/charges` body.
+#[derive(Debug, Deserialize, Fingerprint)]
+struct ChargeRequest {
+    amount_cents: i64,
+}
+
+/// The charge service's state: its engine, the one that lives through the
+/// failover, and where its notifications go.
+#[derive(Clone)]
+struct Service {
     engine: Engine<Postgres>,
-    hook: String,
+    hook: Arc<str>,
+}
+
+impl FromRef<Service> for Engine<Postgres> {
+    fn from_ref(service: &Service) -> Self {
+        service.engine.clone()
+    }
+}
+
+/// `POST /{tenant}/charges`: a payment row and its notification in the
+/// outbox (id `child_key(key, NOTIFY)`), in the claim's transaction; 201
+/// with the payment's id. A statement that meets the lost connection is a
+/// 503 with `Retry-After`, rolled back and not stored.
+#[idempotent(http, scope = "tenant", step = CHARGE)]
+async fn charge(
+    tx: &mut PgConnection,
+    State(service): State<Service>,
+    Path(tenant): Path<String>,
+    key: IdempotencyKey,
+    #[fingerprint] Json(request): Json<ChargeRequest>,
+) -> Response {
+    let message = Message::webhook(&*service.hook)
+        .json(&serde_json::json!({ "payment": key.as_str() }))
+        .unwrap()
+        .for_step(&key, NOTIFY)
+        .scope(&Scope::tenant(&tenant));
+    let written = async {
+        let id: i64 = sqlx::query_scalar(
+            "INSERT INTO payments (key, amount_cents) VALUES ($1, $2) RETURNING id",
+        )
+        .bind(key.as_str())
+        .bind(request.amount_cents)
+        .fetch_one(&mut *tx)
+        .await?;
+        outbox::enqueue(&mut *tx, &message).await?;
+        Ok::<_, Problem>(id)
+    };
+    match written.await {
+        Ok(id) => (
+            StatusCode::CREATED,
+            axum::Json(serde_json::json!({ "payment": id, "key": key.as_str() })),
+        )
+            .into_response(),
+        Err(problem) => ([(header::RETRY_AFTER, "1")], problem).into_response(),
+    }
+}
+
+/// Serves the charge service on a loopback socket; returns its charges URL.
+async fn serve(engine: Engine<Postgres>, hook: &str) -> String {
+    let app = axum::Router::new()
+        .route("/{tenant}/charges", axum::routing::post(charge))
+        .with_state(Service {
+            engine,
+            hook: hook.into(),
+        });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/acme/charges", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    url
+}
+
+/// What the clients met, attempt by attempt (counted below idem-client's
+/// retry loop, so the attempts it retried are seen too).
+#[derive(Default)]
+struct Sent {
+    attempts: AtomicU64,
+    /// Attempts beyond the first, from the answers' [`Attempts`](idem_client::Attempts).
+    retries: AtomicU64,
+    unavailable: AtomicU64,
+    in_progress: AtomicU64,
+    /// 503s and 409s without `Retry-After`.
+    without_retry_after: AtomicU64,
+    /// 5xx answers other than 503.
+    server_errors: AtomicU64,
+    /// Attempts that got no HTTP answer.
+    transport_errors: AtomicU64,
+}
+
+/// Counts each attempt of a call in [`Sent`]; sits below
+/// [`IdempotentRetry`] in the client's middleware.
+struct CountAttempts(Arc<Sent>);
+
+#[async_trait::async_trait]
+impl reqwest_middleware::Middleware for CountAttempts {
+    async fn handle(
+        &self,
+        request: reqwest::Request,
+        extensions: &mut axum::http::Extensions,
+        next: reqwest_middleware::Next<'_>,
+    ) -> reqwest_middleware::Result<reqwest::Response> {
+        let sent = &self.0;
+        sent.attempts.fetch_add(1, Ordering::SeqCst);
+        let result = next.run(request, extensions).await;
+        let Ok(response) = &result else {
+            sent.transport_errors.fetch_add(1, Ordering::SeqCst);
+            return result;
+        };
+        let counter = match response.status().as_u16() {
+            503 => &sent.unavailable,
+            409 => &sent.in_progress,
+            500..=599 => &sent.server_errors,
+            _ => return result,
+        };
+        counter.fetch_add(1, Ordering::SeqCst);
+        if matches!(response.status().as_u16(), 409 | 503)
+            && !response.headers().contains_key(header::RETRY_AFTER)
+        {
+            sent.without_retry_after.fetch_add(1, Ordering::SeqCst);
+        }
+        result
+    }
+}
+
+/// A retrying client of the charge service: idem-client's
+/// [`IdempotentRetry`], each key sent with the same `Idempotency-Key` until
+/// a definitive answer, within 60 s.
+struct ChargeClient {
+    http: ClientWithMiddleware,
+    url: String,
+    sent: Arc<Sent>,
+}
+
+/// A charge's 201: its body, and whether it was answered from the record.
+struct Charged {
+    body: Vec<u8>,
+    replayed: bool,
+}
+
+impl ChargeClient {
+    fn new(url: &str, sent: Arc<Sent>) -> Self {
+        let policy = RetryPolicy::default()
+            .max_attempts(u32::MAX)
+            .deadline(Duration::from_secs(60))
+            .attempt_timeout(Duration::from_secs(10))
+            .backoff(Duration::from_millis(50), Duration::from_millis(500))
+            .retry_after_cap(Duration::from_secs(2));
+        let http = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
+            .with(IdempotentRetry::new(policy))
+            .with(CountAttempts(sent.clone()))
+            .build();
+        Self {
+            http,
+            url: url.to_owned(),
+            sent,
+        }
+    }
+
+    /// Key `k-{k}`'s charge; panics unless its definitive answer is a 201.
+    async fn charge(&self, k: usize) -> Charged {
+        let response = self
+            .http
+            .post(&self.url)
+            .idempotency_key(IdempotencyKey::new(format!("k-{k}")).unwrap())
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(r#"{"amount_cents":10}"#)
+            .send()
+            .await
+            .unwrap_or_else(|error| panic!("key {k}: no answer: {error}"));
+        self.sent
+            .retries
+            .fetch_add(u64::from(response.attempts() - 1), Ordering::SeqCst);
+        let (status, replayed) = (response.status(), response.replayed());
+        let body = response.bytes().await.unwrap().to_vec();
+        assert_eq!(
+            status,
+            StatusCode::CREATED,
+            "key {k}: {}",
+            String::from_utf8_lossy(&body)
+        );
+        Charged { body, replayed }
+    }
+}
+
+/// A key's first answer: its 201's body, and whether it came before the
+/// kill.
+#[derive(Clone)]
+struct FirstAnswer {
+    body: Vec<u8>,
+    before_kill: bool,
+}
+
+#[derive(Default)]
+struct Tally {
+    answered: AtomicU64,
+    first: Mutex<Vec<Option<FirstAnswer>>>,
+}
+
+/// One retrying client: each of its keys once, until a 201.
+async fn client(
+    client: ChargeClient,
     keys: Vec<usize>,
     tally: Arc<Tally>,
     killed: Arc<AtomicBool>,
 ) {
     for k in keys {
-        let started = Instant::now();
-        loop {
-            assert!(
-                started.elapsed() < Duration::from_secs(60),
-                "key {k}: no answer in 60 s"
-            );
-            match charge(&engine, &format!("k-{k}"), &hook).await {
-                Ok(Err(problem)) => {
-                    assert_eq!(problem.status, 503, "key {k}: {problem:?}");
-                    tally.unavailable.fetch_add(1, Ordering::SeqCst);
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                }
-                Ok(Ok((id, _via))) => {
-                    let before = !killed.load(Ordering::SeqCst);
-                    tally.first.lock().unwrap()[k] = Some((id, before));
-                    tally.answered.fetch_add(1, Ordering::SeqCst);
-                    break;
-                }
-                Err(error @ (IdemError::Unavailable { .. } | IdemError::Conflict { .. })) => {
-                    assert_eq!(error.http_status(), 503);
-                    assert!(error.retry_after().is_some());
-                    tally.unavailable.fetch_add(1, Ordering::SeqCst);
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                }
-                Err(IdemError::InProgress { .. }) => {
-                    tally.in_progress.fetch_add(1, Ordering::SeqCst);
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                }
-                Err(error) => panic!("key {k}: {error:?} ({})", error.http_status()),
-            }
-        }
+        let body = client.charge(k).await.body;
+        let before_kill = !killed.load(Ordering::SeqCst);
+        tally.first.lock().unwrap()[k] = Some(FirstAnswer { body, before_kill });
+        tally.answered.fetch_add(1, Ordering::SeqCst);
     }
 }
 
@@ -444,16 +591,30 @@ pub struct Figures {
     pub lost: usize,
     /// Keys whose work ran a second time.
     pub reexecuted: usize,
+    /// Retries the clients' idem-client made during the load (attempts
+    /// beyond the first, from each answer's `Attempts`).
+    pub retries: u64,
     /// 503s the clients met (no primary, or a statement cut by the kill).
     pub unavailable: u64,
-    /// 409s (`InProgress`) the clients met.
+    /// 409s (in progress) the clients met.
     pub in_progress: u64,
+    /// Attempts that got no HTTP answer.
+    pub transport_errors: u64,
+    /// 503s and 409s without `Retry-After`, in the load and after it.
+    pub without_retry_after: u64,
+    /// 5xx answers other than 503 (a 500 among them), in the load and
+    /// after it.
+    pub server_errors: u64,
     /// From the kill until the address that follows the leader reached the
     /// new primary.
     pub without_primary: Duration,
     /// 409s met when every key was sent once more after the failover (a
     /// claim stuck by the kill).
     pub in_progress_after: u64,
+    /// Keys answered after the failover from their record, byte for byte
+    /// the first answer, and those whose replay differed from it.
+    pub replays_identical: usize,
+    pub replays_differing: usize,
     /// Deliveries the receiver got, and those it answered from its
     /// inbox's record (a message it had already run).
     pub deliveries: u64,
@@ -492,7 +653,9 @@ pub async fn failover_on(cluster: &mut impl Cluster, synchronous: bool, plan: Pl
         .migrate()
         .await
         .unwrap();
-    sqlx::raw_sql("CREATE TABLE payments (id bigserial PRIMARY KEY, key text NOT NULL)")
+    sqlx::raw_sql(
+        "CREATE TABLE payments (id bigserial PRIMARY KEY, key text NOT NULL, amount_cents bigint NOT NULL)",
+    )
         .execute(&direct)
         .await
         .unwrap();
@@ -543,17 +706,19 @@ pub async fn failover_on(cluster: &mut impl Cluster, synchronous: bool, plan: Pl
         .await
         .unwrap();
 
+    let url = serve(engine, &hook).await;
+
     let tally = Arc::new(Tally {
         first: Mutex::new(vec![None; plan.keys]),
         ..Tally::default()
     });
     let killed = Arc::new(AtomicBool::new(false));
+    let sent = Arc::new(Sent::default());
     let clients: Vec<_> = (0..plan.clients)
         .map(|c| {
             let keys = (c..plan.keys).step_by(plan.clients).collect();
             tokio::spawn(client(
-                engine.clone(),
-                hook.clone(),
+                ChargeClient::new(&url, sent.clone()),
                 keys,
                 tally.clone(),
                 killed.clone(),
@@ -596,37 +761,55 @@ pub async fn failover_on(cluster: &mut impl Cluster, synchronous: bool, plan: Pl
         client.await.unwrap();
     }
 
-    // Every key once more, on the promoted server.
-    let first = tally.first.lock().unwrap().clone();
-    let (mut lost, mut reexecuted, mut in_progress_after) = (0, 0, 0);
+    assert_eq!(
+        sent.attempts.load(Ordering::SeqCst),
+        plan.keys as u64 + sent.retries.load(Ordering::SeqCst),
+        "an attempt went uncounted"
+    );
+
+    // The answers given whose payment the promoted server does not hold:
+    // lost with the primary, the key's record with them. (By key and id: a
+    // lost id may be handed out again by the promoted server's sequence.)
+    let promoted = PgPool::connect(&service_url).await.unwrap();
+    let held: HashSet<(i64, String)> = sqlx::query_as("SELECT id, key FROM payments")
+        .fetch_all(&promoted)
+        .await
+        .unwrap()
+        .into_iter()
+        .collect();
+    let first: Vec<FirstAnswer> = tally
+        .first
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|answer| answer.clone().expect("every key answered"))
+        .collect();
+    let payment = |body: &[u8]| -> (i64, String) {
+        let answer: serde_json::Value = serde_json::from_slice(body).unwrap();
+        (
+            answer["payment"].as_i64().unwrap(),
+            answer["key"].as_str().unwrap().to_owned(),
+        )
+    };
+    let lost = first
+        .iter()
+        .filter(|answer| !held.contains(&payment(&answer.body)))
+        .count();
+    // Every key once more, on the promoted server (a 503 from a pool
+    // connection still on its way out is retried as well).
+    let after = Arc::new(Sent::default());
+    let again = ChargeClient::new(&url, after.clone());
+    let (mut reexecuted, mut replays_identical, mut replays_differing) = (0, 0, 0);
     for (k, answer) in first.iter().enumerate() {
-        let (id, before) = answer.expect("every key answered");
-        let (again, via) = loop {
-            match charge(&engine, &format!("k-{k}"), &hook).await {
-                Ok(Ok(answer)) => break answer,
-                Ok(Err(problem)) => panic!("key {k} after the failover: {problem:?}"),
-                Err(IdemError::InProgress { .. }) => {
-                    in_progress_after += 1;
-                    tokio::time::sleep(Duration::from_millis(100)).await
-                }
-                // A pool connection still on its way out is a 503 as well.
-                Err(IdemError::Unavailable { .. }) => {
-                    tokio::time::sleep(Duration::from_millis(100)).await
-                }
-                Err(error) => panic!("key {k} after the failover: {error:?}"),
-            }
-        };
-        if via == Via::Executed {
-            // Its answer was given, and its record (with its business
-            // write) lost with the primary: it ran again.
+        let charged = again.charge(k).await;
+        if !charged.replayed {
             reexecuted += 1;
-            lost += 1;
-            let _ = before;
+        } else if charged.body == answer.body {
+            replays_identical += 1;
         } else {
-            assert_eq!((again, via), (id, Via::Replayed), "key {k}");
+            replays_differing += 1;
         }
     }
-    let promoted = PgPool::connect(&service_url).await.unwrap();
     // The relay delivers what the promoted server holds: at most 20 s, or
     // 20 ms a key for a larger run.
     let drain = Duration::from_secs(20).max(Duration::from_millis(20) * plan.keys as u32);
@@ -649,11 +832,12 @@ pub async fn failover_on(cluster: &mut impl Cluster, synchronous: bool, plan: Pl
     .await
     .unwrap();
     assert_eq!(distinct, plan.keys as i64);
-    let sent: i64 = sqlx::query_scalar("SELECT count(*) FROM idem_outbox WHERE state = 'sent'")
-        .fetch_one(&promoted)
-        .await
-        .unwrap();
-    assert_eq!(sent, plan.keys as i64);
+    let delivered: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM idem_outbox WHERE state = 'sent'")
+            .fetch_one(&promoted)
+            .await
+            .unwrap();
+    assert_eq!(delivered, plan.keys as i64);
     let doubled: i64 = sqlx::query_scalar(
         "SELECT count(*) FROM (SELECT key FROM payments GROUP BY key HAVING count(*) > 1) d",
     )
@@ -673,23 +857,30 @@ pub async fn failover_on(cluster: &mut impl Cluster, synchronous: bool, plan: Pl
             .unwrap();
     assert_eq!(stuck, 0);
     let figures = Figures {
-        answered_before_kill: first
-            .iter()
-            .filter(|a| a.is_some_and(|(_, before)| before))
-            .count(),
+        answered_before_kill: first.iter().filter(|answer| answer.before_kill).count(),
         lost,
         reexecuted,
-        unavailable: tally.unavailable.load(Ordering::SeqCst),
-        in_progress: tally.in_progress.load(Ordering::SeqCst),
+        retries: sent.retries.load(Ordering::SeqCst),
+        unavailable: sent.unavailable.load(Ordering::SeqCst),
+        in_progress: sent.in_progress.load(Ordering::SeqCst),
+        transport_errors: sent.transport_errors.load(Ordering::SeqCst),
+        without_retry_after: sent.without_retry_after.load(Ordering::SeqCst)
+            + after.without_retry_after.load(Ordering::SeqCst),
+        server_errors: sent.server_errors.load(Ordering::SeqCst)
+            + after.server_errors.load(Ordering::SeqCst),
         without_primary,
-        in_progress_after,
+        in_progress_after: after.in_progress.load(Ordering::SeqCst),
+        replays_identical,
+        replays_differing,
         deliveries: seen.deliveries.load(Ordering::SeqCst),
         answered_from_record: seen.answered_from_record.load(Ordering::SeqCst),
         receiver_duplicates,
     };
     eprintln!(
-        "{} replication: {} keys, {} answered before the kill, {} after, answers lost {}, re-executions {}, \
-         503s {}, 409s {}, {:.1} s without a primary, 409s after the failover {}, keys left in progress {stuck}; \
+        "{} replication: {} keys over HTTP, {} answered before the kill, {} after, answers lost {}, re-executions {}, \
+         client retries {}, 503s {}, 409s {}, 503s/409s without Retry-After {}, other 5xx {}, no answer {}, \
+         {:.1} s without a primary, 409s after the failover {}, replays byte-identical {} (differing {}), \
+         keys left in progress {stuck}; \
          receiver: {} deliveries, {} answered from its inbox's record, {} duplicate effects",
         if synchronous { "synchronous" } else { "asynchronous" },
         plan.keys,
@@ -697,10 +888,16 @@ pub async fn failover_on(cluster: &mut impl Cluster, synchronous: bool, plan: Pl
         plan.keys - figures.answered_before_kill,
         figures.lost,
         figures.reexecuted,
+        figures.retries,
         figures.unavailable,
         figures.in_progress,
+        figures.without_retry_after,
+        figures.server_errors,
+        figures.transport_errors,
         figures.without_primary.as_secs_f64(),
         figures.in_progress_after,
+        figures.replays_identical,
+        figures.replays_differing,
         figures.deliveries,
         figures.answered_from_record,
         figures.receiver_duplicates,
