@@ -252,12 +252,32 @@ pub use idem_macros::steps;
 /// # axum mode (`http`)
 ///
 /// With `http` the function is an axum 0.8 handler, used directly in a
-/// `Router`: the transaction parameter becomes an `Engine<DB>` extractor (from
-/// state, via `FromRef`), the key is extracted from the `Idempotency-Key`
-/// header, the return type is anything `IntoResponse`, and the wrapper returns
-/// `axum::response::Response`. The *rendered* response is what is stored, so
-/// a replay is byte-identical to the first answer (plus
+/// `Router`: the transaction parameter becomes an [`Engines<DB>`](Engines)
+/// extractor (from state, via `FromRef`), the key is extracted from the
+/// `Idempotency-Key` header, the return type is anything `IntoResponse`, and
+/// the wrapper returns `axum::response::Response`. The *rendered* response is
+/// what is stored, so a replay is byte-identical to the first answer (plus
 /// `Idempotent-Replayed: true`).
+///
+/// The same handler serves one engine or shards by tenant: once the
+/// operation is built, its scope picks the engine ([`Engines::for_scope`]),
+/// and the claim, the body's transaction and the replay run there.
+///
+/// ```text
+/// // generated
+/// async fn create_order(engines: Engines<Postgres>, Path(tenant): Path<String>,
+///                       key: IdempotencyKey, Json(order): Json<NewOrder>) -> Response
+///
+/// Router::new().route("/{tenant}/orders", post(create_order)).with_state(engine)   // Engine<Postgres>
+/// Router::new().route("/{tenant}/orders", post(create_order)).with_state(shards)   // Shards<Postgres, _>
+/// Router::new().route("/{tenant}/orders", post(create_order)).with_state(app)      // Engines<Postgres>: FromRef<AppState>
+/// ```
+///
+/// A state `S` serves the handler when `Engines<DB>: FromRef<S>`: the
+/// engine, the shards, any state with `impl FromRef<S> for Engine<DB>`, or a
+/// state holding shards with `impl FromRef<S> for Engines<DB>` (see
+/// [`Engines`]). A router that cannot answer, or a tenant being moved
+/// between shards, is a 503 with `Retry-After`, and nothing runs.
 ///
 /// - The JSON body is taken as [`http::Json`], never `axum::Json`, which is
 ///   a compile error on its type: axum's own rejections are a plain-text 400,

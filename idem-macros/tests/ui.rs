@@ -52,6 +52,7 @@ macro_rules! pass_cases {
 pass_cases! {
     idempotent_axum_handler => "ui/idempotent/pass/axum_handler.rs",
     idempotent_axum_generic_handler => "ui/idempotent/pass/axum_generic_handler.rs",
+    idempotent_axum_sharded_handler => "ui/idempotent/pass/axum_sharded_handler.rs",
     idempotent_free_fn => "ui/idempotent/pass/free_fn.rs",
     idempotent_mysql_fn => "ui/idempotent/pass/mysql_fn.rs",
     idempotent_generic => "ui/idempotent/pass/generic.rs",

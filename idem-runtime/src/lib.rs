@@ -66,6 +66,7 @@ pub use problem::{Problem, ABOUT_BLANK};
 pub use replay_cache::ReplayCache;
 pub use retention::Purger;
 pub use scope::{Scope, ScopePart};
+pub use shard::Engines;
 #[cfg(feature = "postgres")]
 pub use store::postgres::{KeyLock, Pooler, Server, WaitBound};
 pub use store::Backend;

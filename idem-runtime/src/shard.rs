@@ -4,8 +4,22 @@
 //! A tenant's key records, outbox messages and inbox records live on the
 //! shard where its business rows live, so a claim and the business write
 //! stay one local transaction. [`Shards::engine`] picks the engine for an
-//! operation's scope (its first part, the tenant); handlers written for one
-//! [`Engine`] run unchanged on the engine it returns.
+//! operation's scope (its first part, the tenant); code written for one
+//! [`Engine`] runs unchanged on the engine it returns.
+//!
+//! - An `#[idempotent(http)]` handler routes by itself: it takes
+//!   [`Engines`] from the router's state, so the handler that serves
+//!   `.with_state(engine)` serves `.with_state(shards)` as written, each
+//!   request on its tenant's shard once the operation's scope is known.
+//!   An application state holding shards implements
+//!   `FromRef<AppState> for Engines<DB>` ([`Engines`] shows it).
+//! - A plain `#[idempotent]` function takes `&Engine<DB>`: pass it the
+//!   tenant's, `charge(shards.engine(&scope).await?, ...)`.
+//! - With [`Engine::run`] or [`Engine::claim`], as below.
+//!
+//! A router that cannot answer (its directory down, a route to a shard that
+//! does not exist) and a tenant being moved ([`TenantMove`]) are
+//! [`IdemError::Unavailable`]: a 503 with `Retry-After`, nothing run.
 //!
 //! ```no_run
 //! # async fn demo(urls: [&str; 3]) -> Result<(), Box<dyn std::error::Error>> {
@@ -24,6 +38,8 @@
 //! ```
 
 use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::engine::unavailable;
@@ -212,17 +228,29 @@ impl Router for DirectoryRouter {
     }
 }
 
-/// One engine per shard and the router between them.
+/// One engine per shard and the router between them. Clones share them.
 pub struct Shards<DB: Backend, R: Router = HashRouter> {
+    inner: Arc<ShardSet<DB, R>>,
+}
+
+struct ShardSet<DB: Backend, R: Router> {
     engines: Vec<Engine<DB>>,
     router: R,
 }
 
-impl<DB: Backend, R: Router + Clone> Clone for Shards<DB, R> {
+impl<DB: Backend, R: Router> ShardSet<DB, R> {
+    async fn index(&self, scope: &Scope) -> Result<usize, IdemError> {
+        self.router
+            .shard_of(scope.first_part(), self.engines.len())
+            .await
+            .map_err(|source| unavailable(self.engines[0].policy(), source))
+    }
+}
+
+impl<DB: Backend, R: Router> Clone for Shards<DB, R> {
     fn clone(&self) -> Self {
         Self {
-            engines: self.engines.clone(),
-            router: self.router.clone(),
+            inner: self.inner.clone(),
         }
     }
 }
@@ -230,8 +258,8 @@ impl<DB: Backend, R: Router + Clone> Clone for Shards<DB, R> {
 impl<DB: Backend, R: Router + std::fmt::Debug> std::fmt::Debug for Shards<DB, R> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Shards")
-            .field("shards", &self.engines.len())
-            .field("router", &self.router)
+            .field("shards", &self.inner.engines.len())
+            .field("router", &self.inner.router)
             .finish()
     }
 }
@@ -251,37 +279,36 @@ impl<DB: Backend, R: Router> Shards<DB, R> {
             .enumerate()
             .map(|(index, engine)| engine.with_shard(index))
             .collect();
-        Self { engines, router }
+        Self {
+            inner: Arc::new(ShardSet { engines, router }),
+        }
     }
 
     /// Every shard's engine, by index.
     pub fn engines(&self) -> &[Engine<DB>] {
-        &self.engines
+        &self.inner.engines
     }
 
     /// The router.
     pub fn router(&self) -> &R {
-        &self.router
+        &self.inner.router
     }
 
     /// The index of the shard that holds `scope`'s tenant (its first part).
     pub async fn index(&self, scope: &Scope) -> Result<usize, IdemError> {
-        self.router
-            .shard_of(scope.first_part(), self.engines.len())
-            .await
-            .map_err(|source| unavailable(self.engines[0].policy(), source))
+        self.inner.index(scope).await
     }
 
     /// The engine of the shard that holds `scope`'s tenant: claims, the
     /// work's transaction and replays for that scope run there. A router
     /// that cannot answer (its directory down) is a store error: 503.
     pub async fn engine(&self, scope: &Scope) -> Result<&Engine<DB>, IdemError> {
-        Ok(&self.engines[self.index(scope).await?])
+        Ok(&self.engines()[self.index(scope).await?])
     }
 
     /// Runs idem's migrations on every shard, in order.
     pub async fn migrate(&self) -> Result<(), sqlx::migrate::MigrateError> {
-        for engine in &self.engines {
+        for engine in self.engines() {
             engine.migrate().await?;
         }
         Ok(())
@@ -289,7 +316,7 @@ impl<DB: Backend, R: Router> Shards<DB, R> {
 
     /// One purger per shard ([`Engine::spawn_purger`]).
     pub fn spawn_purgers(&self, every: Duration, batch: u32) -> Vec<Purger> {
-        self.engines
+        self.engines()
             .iter()
             .map(|engine| engine.spawn_purger(every, batch))
             .collect()
@@ -324,8 +351,8 @@ impl<DB: Backend, R: Router> Shards<DB, R> {
         &self,
         configure: impl Fn(Relay<DB>) -> Relay<DB>,
     ) -> Result<Vec<RelayHandle>, RelayError> {
-        let mut relays = Vec::with_capacity(self.engines.len());
-        for engine in &self.engines {
+        let mut relays = Vec::with_capacity(self.engines().len());
+        for engine in self.engines() {
             match configure(Relay::new(engine)).spawn().await {
                 Ok(relay) => relays.push(relay),
                 Err(error) => {
@@ -337,5 +364,126 @@ impl<DB: Backend, R: Router> Shards<DB, R> {
             }
         }
         Ok(relays)
+    }
+}
+
+/// The engines an operation may run on: one [`Engine`], or [`Shards`]
+/// (their router erased), each operation on the engine of the shard that
+/// holds its scope's tenant. Cheap to clone.
+///
+/// It is what an `#[idempotent(http)]` handler takes from the router's
+/// state, so the same handler serves `.with_state(engine)` and
+/// `.with_state(shards)` (axum's `FromRef`, implemented for both and for
+/// any state the engine is taken from); an application state holding
+/// shards says so in one `FromRef` impl:
+///
+/// ```
+/// use axum::extract::FromRef;
+/// use idem_runtime::shard::{DirectoryRouter, Shards};
+/// use idem_runtime::Engines;
+/// use sqlx::Postgres;
+///
+/// #[derive(Clone)]
+/// struct AppState {
+///     shards: Shards<Postgres, DirectoryRouter>,
+/// }
+///
+/// impl FromRef<AppState> for Engines<Postgres> {
+///     fn from_ref(state: &AppState) -> Self {
+///         state.shards.clone().into()
+///     }
+/// }
+/// ```
+///
+/// Outside a handler, [`Engines::for_scope`] picks the engine:
+///
+/// ```no_run
+/// # async fn demo(engines: idem_runtime::Engines<sqlx::Postgres>) -> Result<(), Box<dyn std::error::Error>> {
+/// use idem_runtime::{IdempotencyKey, Operation, Scope};
+/// let op = Operation::new(Scope::tenant("acme"), IdempotencyKey::new("k-1")?, "charge.v1", &25);
+/// let engine = engines.for_scope(op.scope()).await?;
+/// let done = engine.run(&op, async |_tx| Ok::<_, idem_runtime::Problem>(1)).await?;
+/// # let _ = done; Ok(()) }
+/// ```
+pub struct Engines<DB: Backend> {
+    route: Route<DB>,
+}
+
+enum Route<DB: Backend> {
+    One(Engine<DB>),
+    Sharded(Arc<dyn ScopeRoute<DB>>),
+}
+
+/// [`Shards::engine`], its router erased.
+trait ScopeRoute<DB: Backend>: Send + Sync {
+    fn engine<'a: 's, 's>(
+        &'a self,
+        scope: &'s Scope,
+    ) -> Pin<Box<dyn Future<Output = Result<&'a Engine<DB>, IdemError>> + Send + 's>>;
+
+    fn shards(&self) -> usize;
+}
+
+impl<DB: Backend, R: Router> ScopeRoute<DB> for ShardSet<DB, R> {
+    fn engine<'a: 's, 's>(
+        &'a self,
+        scope: &'s Scope,
+    ) -> Pin<Box<dyn Future<Output = Result<&'a Engine<DB>, IdemError>> + Send + 's>> {
+        Box::pin(async move { Ok(&self.engines[self.index(scope).await?]) })
+    }
+
+    fn shards(&self) -> usize {
+        self.engines.len()
+    }
+}
+
+impl<DB: Backend> Engines<DB> {
+    /// The engine that holds `scope`'s keys: the one engine, or the engine
+    /// of the shard its tenant is routed to ([`Shards::engine`]: a router
+    /// that cannot answer, or a tenant being moved, is
+    /// [`IdemError::Unavailable`], a 503 with `Retry-After`).
+    pub async fn for_scope(&self, scope: &Scope) -> Result<&Engine<DB>, IdemError> {
+        match &self.route {
+            Route::One(engine) => Ok(engine),
+            Route::Sharded(shards) => shards.engine(scope).await,
+        }
+    }
+}
+
+impl<DB: Backend> Clone for Engines<DB> {
+    fn clone(&self) -> Self {
+        let route = match &self.route {
+            Route::One(engine) => Route::One(engine.clone()),
+            Route::Sharded(shards) => Route::Sharded(shards.clone()),
+        };
+        Self { route }
+    }
+}
+
+impl<DB: Backend> std::fmt::Debug for Engines<DB> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.route {
+            Route::One(engine) => f.debug_tuple("Engines::One").field(engine).finish(),
+            Route::Sharded(shards) => f
+                .debug_struct("Engines::Sharded")
+                .field("shards", &shards.shards())
+                .finish(),
+        }
+    }
+}
+
+impl<DB: Backend> From<Engine<DB>> for Engines<DB> {
+    fn from(engine: Engine<DB>) -> Self {
+        Self {
+            route: Route::One(engine),
+        }
+    }
+}
+
+impl<DB: Backend, R: Router> From<Shards<DB, R>> for Engines<DB> {
+    fn from(shards: Shards<DB, R>) -> Self {
+        Self {
+            route: Route::Sharded(shards.inner),
+        }
     }
 }

@@ -2,10 +2,12 @@
 //!
 //! The signature keeps every parameter but one: the transaction parameter
 //! (`tx: &mut SqliteConnection`) becomes the engine (`engine: &Engine<Sqlite>`,
-//! or `engine: Engine<Sqlite>` as an axum extractor). The body is re-emitted as
-//! written as an async closure over the transaction, spanned on the user's
-//! block, so errors in it still point at the user's lines and `?`/`return`
-//! keep their meaning; `__private::run` does the rest, as `Engine::run` does.
+//! or, as an axum extractor, `engines: Engines<Sqlite>`, the one engine or the
+//! shards, from which the operation's scope picks the engine). The body is
+//! re-emitted as written as an async closure over the transaction, spanned on
+//! the user's block, so errors in it still point at the user's lines and
+//! `?`/`return` keep their meaning; `__private::run` does the rest, as
+//! `Engine::run` does.
 
 use proc_macro2::{Ident, Span, TokenStream};
 use quote::{quote, quote_spanned, ToTokens};
@@ -19,6 +21,8 @@ use super::params::{peel, type_span, Analysis};
 /// neither see nor shadow them.
 struct Locals {
     engine: Ident,
+    engines: Ident,
+    span: Ident,
     op: Ident,
     step: Ident,
     value: Ident,
@@ -31,6 +35,8 @@ impl Locals {
         let local = |name: &str| Ident::new(name, Span::mixed_site());
         Self {
             engine: local("engine"),
+            engines: local("engines"),
+            span: local("__idem_span"),
             op: local("__idem_op"),
             step: local("__idem_step"),
             value: local("__idem_value"),
@@ -53,15 +59,10 @@ pub(crate) fn wrapper(args: &Args, function: &syn::ItemFn, analysis: Analysis) -
     let registration = registration(&step_expr, &function.sig.ident);
     let operation = operation(&analysis, &locals);
     let engine = &locals.engine;
-    let engine_ref = if args.http {
-        quote!(&#engine)
-    } else {
-        quote!(#engine)
-    };
     let op = &locals.op;
-    let policy = policy(args, &engine_ref)
+    let policy = policy(args, &quote!(#engine))
         .map(|policy| quote!(let #op = ::idem::__private::Operation::with_policy(#op, #policy);));
-    let body = body(args, function, &analysis, &locals, &user_ret, &engine_ref);
+    let body = body(args, function, &analysis, &locals, &user_ret, policy);
     let step = &locals.step;
     let json_checks = if args.http {
         json_checks(&analysis)
@@ -74,7 +75,6 @@ pub(crate) fn wrapper(args: &Args, function: &syn::ItemFn, analysis: Analysis) -
             #registration
             let #step: &'static str = #step_expr;
             #operation
-            #policy
             #body
         }
     }
@@ -96,17 +96,18 @@ fn signature(
         .as_ref()
         .expect("the transaction is a typed parameter");
     let database = database_of(&tx.ty);
-    let engine = &locals.engine;
-    let engine_ty = if args.http {
-        quote!(::idem::Engine<#database>)
+    let engine = if args.http {
+        let engines = &locals.engines;
+        quote!(#engines: ::idem::Engines<#database>)
     } else {
-        quote!(&::idem::Engine<#database>)
+        let engine = &locals.engine;
+        quote!(#engine: &::idem::Engine<#database>)
     };
     let inputs = sig.inputs.iter().enumerate().map(|(index, input)| {
         match (input, &analysis.params[index]) {
             (FnArg::Typed(typed), Some(_)) if index == analysis.tx => {
                 let attrs = &typed.attrs;
-                quote!(#(#attrs)* #engine: #engine_ty)
+                quote!(#(#attrs)* #engine)
             }
             (FnArg::Typed(typed), Some(param)) => {
                 let attrs = &typed.attrs;
@@ -242,18 +243,27 @@ fn operation(analysis: &Analysis, locals: &Locals) -> TokenStream {
     }
 }
 
-/// The call that runs the operation: `__private::run` with the user's block
-/// as an async closure over the transaction, and how its outcome is kept.
+/// The call that runs the operation (with `policy`, the attribute's
+/// overrides, if it has any): `__private::run` with the user's block as an
+/// async closure over the transaction, and how its outcome is kept. A
+/// handler first picks the engine of the operation's scope.
 fn body(
     args: &Args,
     function: &syn::ItemFn,
     analysis: &Analysis,
     locals: &Locals,
     user_ret: &Type,
-    engine: &TokenStream,
+    policy: Option<TokenStream>,
 ) -> TokenStream {
     let block = &function.block;
-    let Locals { op, value, .. } = locals;
+    let Locals {
+        engine,
+        engines,
+        op,
+        value,
+        span,
+        ..
+    } = locals;
     let tx = analysis.params[analysis.tx]
         .as_ref()
         .expect("the transaction is a typed parameter");
@@ -282,16 +292,31 @@ fn body(
     let run = quote!(::idem::__private::run(#engine, &#op, #codec, #work).await);
     if args.http {
         // One `idem.request` span per request (scope, step, key tag), whose
-        // outcome `respond` records.
+        // outcome `respond` records, the engine's pick included.
         quote! {
+            let #span = ::idem::__private::http::operation_span(&#op);
             ::idem::__private::Instrument::instrument(
-                async { ::idem::__private::http::respond(#run) },
-                ::idem::__private::http::operation_span(&#op),
+                async move {
+                    let #engine = match ::idem::Engines::for_scope(
+                        &#engines,
+                        ::idem::__private::Operation::scope(&#op),
+                    )
+                    .await
+                    {
+                        ::core::result::Result::Ok(#value) => #value,
+                        ::core::result::Result::Err(#value) => {
+                            return ::idem::__private::http::respond(::core::result::Result::Err(#value));
+                        }
+                    };
+                    #policy
+                    ::idem::__private::http::respond(#run)
+                },
+                #span,
             )
             .await
         }
     } else {
-        run
+        quote!(#policy #run)
     }
 }
 

@@ -50,7 +50,7 @@ pub(crate) fn stand_in(http: bool, mut function: syn::ItemFn, errors: TokenStrea
         FnArg::Typed(typed) if is_connection(&typed.ty) => {
             let database = database_of(&typed.ty);
             if http {
-                quote!(_: ::idem::Engine<#database>)
+                quote!(_: ::idem::Engines<#database>)
             } else {
                 quote!(_: &::idem::Engine<#database>)
             }
