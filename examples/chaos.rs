@@ -7,6 +7,8 @@
 //! cargo run --release --example chaos -- --failover --cluster-url URL \
 //!     --standby-url URL --kill-cmd CMD --replication synchronous|asynchronous
 //!     [--keys N] [--clients N]
+//! cargo run --release --example chaos -- --shards [--tenants N] [--keys N]
+//!     [--clients N] [--moves N] [--seconds N] [--seed N]
 //! ```
 //!
 //! With `--failover`, instead: a Postgres primary failover under load, once
@@ -37,6 +39,16 @@
 //! set up with (checked before the load). The primary is killed by running
 //! `--kill-cmd` with `sh -c`; the standby has taken over once a connection
 //! through `--cluster-url` reaches a server that is not in recovery.
+//!
+//! With `--shards`, instead: tenants moved between three Postgres shards
+//! while the service's two replicas are killed at random (the scenario of
+//! `tests/shards.rs`, at `--tenants` tenants, default 12, `--keys` keys,
+//! default 3000, `--clients` clients, default 8, `--moves` moves, default 2,
+//! the keys spread over `--seconds`, default 60). It prints the figures
+//! (ops, tenants, moves, kills, retries, the 503s of the moving tenants,
+//! lost, duplicates, inconsistencies, elapsed; each move's runs and first
+//! answers from either side of its flip) and exits non-zero if any of the
+//! last three is not zero.
 //!
 //! The checkout demo's services run as separate processes (this program,
 //! re-executed with `--role`): the order service with its outbox relay, the
@@ -83,6 +95,8 @@ mod orders;
 mod payments;
 #[path = "services/payments_grpc.rs"]
 mod payments_grpc;
+#[path = "../tests/shards_scenario/mod.rs"]
+mod shards_scenario;
 
 use std::collections::{HashMap, HashSet};
 use std::io::Read;
@@ -955,7 +969,7 @@ fn parse_args() -> Result<HashMap<String, String>, String> {
         let Some(name) = flag.strip_prefix("--") else {
             return Err(format!("unexpected argument {flag:?}"));
         };
-        if name == "failover" {
+        if name == "failover" || name == "shards" {
             args.insert(name.to_owned(), String::new());
             continue;
         }
@@ -968,6 +982,7 @@ fn parse_args() -> Result<HashMap<String, String>, String> {
 const USAGE: &str =
     "usage: chaos [--backend sqlite|postgres|mysql|all] [--checkouts N] [--seconds N] [--clients N] [--seed N]
        chaos --failover [--keys N] [--clients N]
+       chaos --shards [--tenants N] [--keys N] [--clients N] [--moves N] [--seconds N] [--seed N]
        chaos --failover --cluster-url URL --standby-url URL --kill-cmd CMD
              --replication synchronous|asynchronous [--keys N] [--clients N]";
 
@@ -980,6 +995,15 @@ async fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if args
+        .get("role")
+        .is_some_and(|role| role.starts_with("shards-"))
+    {
+        return shards_scenario::role(&args).await;
+    }
+    if args.contains_key("shards") {
+        return shards_run(&args).await;
+    }
     if args.contains_key("role") {
         return match serve_role(&args).await {
             Ok(()) => ExitCode::SUCCESS,
@@ -1005,6 +1029,49 @@ async fn main() -> ExitCode {
         Err(error) => {
             eprintln!("chaos run failed: {error}");
             ExitCode::FAILURE
+        }
+    }
+}
+
+/// `--shards`: one run of the shards scenario at the arguments' size.
+async fn shards_run(args: &HashMap<String, String>) -> ExitCode {
+    let number = |name: &str, default: u64| -> Result<u64, String> {
+        args.get(name).map_or(Ok(default), |value| {
+            value.parse().map_err(|e| format!("--{name}: {e}"))
+        })
+    };
+    let plan = (|| {
+        Ok::<_, String>(shards_scenario::Plan {
+            tenants: number("tenants", 12)? as usize,
+            keys: number("keys", 3000)? as usize,
+            clients: number("clients", 8)? as usize,
+            moves: number("moves", 2)? as usize,
+            spread: Duration::from_secs(number("seconds", 60)?),
+            seed: number("seed", fastrand::u64(..))?,
+        })
+    })();
+    let figures = match plan {
+        Ok(plan) => match std::env::current_exe() {
+            Ok(exe) => shards_scenario::run(&exe, plan).await,
+            Err(error) => Err(error.into()),
+        },
+        Err(error) => {
+            eprintln!("{error}\n{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
+    match figures {
+        Ok(figures) => {
+            println!("{figures}");
+            if figures.passed() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            }
+        }
+        Err(error) => {
+            eprintln!("chaos --shards: {error}");
+            ExitCode::from(2)
         }
     }
 }

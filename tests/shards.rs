@@ -776,3 +776,48 @@ fn a_sharded_engines_series_carry_its_shard_label() {
         HashMap::from([(None, 1)])
     );
 }
+
+// ---------------------------------------------------------------------------
+// A tenant moved under load, the service killed at random (shards_scenario).
+
+mod shards_scenario;
+
+/// The bounded run: 6 tenants, 240 keys by 4 clients over 6 s, one move,
+/// the service's two replicas killed at random; the chaos example's
+/// processes (`cargo test` builds it; alone, `cargo build --example chaos`
+/// first).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_moved_under_load_with_kills_loses_and_duplicates_nothing() {
+    let plan = shards_scenario::Plan {
+        tenants: 6,
+        keys: 240,
+        clients: 4,
+        moves: 1,
+        spread: Duration::from_secs(6),
+        seed: fastrand::u64(..),
+    };
+    let figures = shards_scenario::run(&idem_test_support::example_binary("chaos"), plan)
+        .await
+        .expect("the run");
+    eprintln!("{figures}");
+    assert!(
+        figures.passed(),
+        "lost, duplicated or inconsistent: {figures}"
+    );
+    assert!(figures.sigkills + figures.sigterms >= 3, "{figures}");
+    assert!(figures.retries > 0, "{figures}");
+    assert_eq!(figures.moves.len(), 1, "{figures}");
+    let moved = &figures.moves[0];
+    // The moved tenant's keys were answered on either side of the flip.
+    assert!(moved.answered_by_source > 0, "{figures}");
+    assert!(moved.answered_by_target > 0, "{figures}");
+    assert_eq!(
+        moved.answered_by_source + moved.answered_by_target,
+        plan.keys / plan.tenants,
+        "{figures}"
+    );
+    assert!(
+        moved.runs >= 2,
+        "the first run stops at the fence: {figures}"
+    );
+}
