@@ -414,21 +414,19 @@ enum Route<DB: Backend> {
     Sharded(Arc<dyn ScopeRoute<DB>>),
 }
 
+/// The engine [`ScopeRoute::engine`] picks, once its future is awaited.
+type Routed<'a, 's, DB> =
+    Pin<Box<dyn Future<Output = Result<&'a Engine<DB>, IdemError>> + Send + 's>>;
+
 /// [`Shards::engine`], its router erased.
 trait ScopeRoute<DB: Backend>: Send + Sync {
-    fn engine<'a: 's, 's>(
-        &'a self,
-        scope: &'s Scope,
-    ) -> Pin<Box<dyn Future<Output = Result<&'a Engine<DB>, IdemError>> + Send + 's>>;
+    fn engine<'a: 's, 's>(&'a self, scope: &'s Scope) -> Routed<'a, 's, DB>;
 
     fn shards(&self) -> usize;
 }
 
 impl<DB: Backend, R: Router> ScopeRoute<DB> for ShardSet<DB, R> {
-    fn engine<'a: 's, 's>(
-        &'a self,
-        scope: &'s Scope,
-    ) -> Pin<Box<dyn Future<Output = Result<&'a Engine<DB>, IdemError>> + Send + 's>> {
+    fn engine<'a: 's, 's>(&'a self, scope: &'s Scope) -> Routed<'a, 's, DB> {
         Box::pin(async move { Ok(&self.engines[self.index(scope).await?]) })
     }
 
