@@ -1,5 +1,5 @@
 async fn create_order(
-    engine: ::idem::Engine<::idem::sqlx::Postgres>,
+    engines: ::idem::Engines<::idem::sqlx::Postgres>,
     __idem_arg1: Path<String>,
     key: IdempotencyKey,
     __idem_arg3: Json<NewOrder>,
@@ -27,11 +27,25 @@ async fn create_order(
         __idem_step,
         __idem_fingerprint,
     );
+    let __idem_span = ::idem::__private::http::operation_span(&__idem_op);
     ::idem::__private::Instrument::instrument(
-            async {
+            async move {
+                let engine = match ::idem::Engines::for_scope(
+                        &engines,
+                        ::idem::__private::Operation::scope(&__idem_op),
+                    )
+                    .await
+                {
+                    ::core::result::Result::Ok(__idem_value) => __idem_value,
+                    ::core::result::Result::Err(__idem_value) => {
+                        return ::idem::__private::http::respond(
+                            ::core::result::Result::Err(__idem_value),
+                        );
+                    }
+                };
                 ::idem::__private::http::respond(
                     ::idem::__private::run(
-                            &engine,
+                            engine,
                             &__idem_op,
                             ::idem::__private::Codec::outcome(),
                             async move |tx: &mut PgConnection| {
@@ -72,7 +86,7 @@ async fn create_order(
                         .await,
                 )
             },
-            ::idem::__private::http::operation_span(&__idem_op),
+            __idem_span,
         )
         .await
 }

@@ -68,7 +68,7 @@ use tokio::process::{Child, ChildStdout, Command};
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 idem::steps! {
-    const CHARGE = "charge.v1";
+    const CHARGE = "tenant-charge.v1";
     const NOTIFY = "notify-charge.v1";
     const RECORD = "record-charge.v1";
 }
