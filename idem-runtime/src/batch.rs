@@ -114,17 +114,20 @@ impl<DB: Backend> Batcher<DB> {
         self.shared.queued.fetch_sub(1, Ordering::SeqCst);
         let key = key_of(op);
         match entered {
-            Ok(writer) => {
-                *lock(&self.shared.holder) = Some(key);
-                Ok(Held {
-                    writer: Some(writer),
-                    shared: self.shared.clone(),
-                })
-            }
+            Ok(writer) => Ok(self.hold(writer, key)),
             Err(_elapsed) if lock(&self.shared.holder).as_ref() == Some(&key) => {
                 Err(NoTurn::InProgress)
             }
             Err(_elapsed) => Err(NoTurn::Busy),
+        }
+    }
+
+    /// The writer, held for the claim of `key`.
+    fn hold(&self, writer: OwnedMutexGuard<Writer<DB>>, key: (String, String)) -> Held<DB> {
+        *lock(&self.shared.holder) = Some(key);
+        Held {
+            writer: Some(writer),
+            shared: self.shared.clone(),
         }
     }
 
@@ -164,11 +167,7 @@ impl<DB: Backend> Batcher<DB> {
         if writer.batch.is_some() {
             return None;
         }
-        *lock(&self.shared.holder) = Some(key_of(op));
-        let held = Held {
-            writer: Some(writer),
-            shared: self.shared.clone(),
-        };
+        let held = self.hold(writer, key_of(op));
         match Self::turn_held(held, pool, op, policy, settings).await {
             Err(NoTurn::Busy) => None,
             turn => Some(turn),

@@ -467,10 +467,7 @@ impl<DB: Backend> Engine<DB> {
                 .turn_if_idle(&self.pool, op, &policy, self.settings)
                 .await
             {
-                return match turn {
-                    Ok((turn, record)) => self.claim_in_turn(op, policy, turn, record).await,
-                    Err(no_turn) => self.no_turn(op, &policy, no_turn).await,
-                };
+                return self.claim_from_turn(op, policy, turn).await;
             }
         }
         let mut conn = match self.pool.acquire().await {
@@ -527,10 +524,8 @@ impl<DB: Backend> Engine<DB> {
                 // storm of duplicates must not drain the pool while it waits.
                 drop(conn);
                 if batched {
-                    return match batcher.turn(&self.pool, op, &policy, self.settings).await {
-                        Ok((turn, record)) => self.claim_in_turn(op, policy, turn, record).await,
-                        Err(no_turn) => self.no_turn(op, &policy, no_turn).await,
-                    };
+                    let turn = batcher.turn(&self.pool, op, &policy, self.settings).await;
+                    return self.claim_from_turn(op, policy, turn).await;
                 }
                 let solo = match batcher.alone(op, policy.wait_timeout).await {
                     Ok(solo) => solo,
@@ -665,6 +660,20 @@ impl<DB: Backend> Engine<DB> {
         match turn.end(true).await {
             Ok(()) => answer,
             Err(error) => Err(unavailable(&policy, error)),
+        }
+    }
+
+    /// The claim in the writer's turn it was given, or the answer to the
+    /// claim that got none.
+    async fn claim_from_turn(
+        &self,
+        op: &Operation,
+        policy: Policy,
+        turn: Result<(Turn<DB>, Option<Record>), NoTurn>,
+    ) -> Result<Claim<DB>, IdemError> {
+        match turn {
+            Ok((turn, record)) => self.claim_in_turn(op, policy, turn, record).await,
+            Err(no_turn) => self.no_turn(op, &policy, no_turn).await,
         }
     }
 
