@@ -99,17 +99,28 @@ impl ScopeArgs {
     }
 }
 
+/// The names of the stores given so far, so that two of one name are refused.
+#[derive(Debug, Default)]
+pub(crate) struct StoreNames(std::collections::BTreeSet<String>);
+
+impl StoreNames {
+    /// Takes `name`, or refuses it if a store of that name was given.
+    pub(crate) fn admit(&mut self, name: &str) -> Result<(), Failure> {
+        if self.0.insert(name.to_owned()) {
+            return Ok(());
+        }
+        Err(Failure::Usage(format!(
+            "two stores are named {name}; name them: --store orders=URL --store payments=URL"
+        )))
+    }
+}
+
 /// Opens every store of `--store NAME=URL ...`, refusing two of one name.
 pub(crate) async fn open_all(specs: &[StoreSpec]) -> Result<Vec<(StoreSpec, Store)>, Failure> {
-    let mut names = std::collections::BTreeSet::new();
+    let mut names = StoreNames::default();
     let mut stores = Vec::new();
     for spec in specs {
-        if !names.insert(spec.name.clone()) {
-            return Err(Failure::Usage(format!(
-                "two stores are named {}; name them: --store orders=URL --store payments=URL",
-                spec.name
-            )));
-        }
+        names.admit(&spec.name)?;
         let store = Store::open(spec, OpenMode::Existing).await?;
         stores.push((spec.clone(), store));
     }

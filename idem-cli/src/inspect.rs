@@ -26,7 +26,7 @@ use idem_runtime::inbox::PoisonMessage;
 use idem_runtime::outbox::{MessageState, OutboxEntry};
 use serde_json::{json, Value};
 
-use crate::args::ScopeArgs;
+use crate::args::{ScopeArgs, StoreNames};
 use crate::config::{Config, ConfigArg, Service};
 use crate::exit::{Failure, FOUND, OK};
 use crate::output::{self, entry_json, instant, key_label, poison_json, span};
@@ -356,16 +356,11 @@ pub(crate) async fn run(
             "give the stores: --store NAME=URL for every service, or --config FILE".into(),
         ));
     }
-    let mut names = BTreeSet::new();
+    let mut names = StoreNames::default();
     let mut stores = Vec::new();
     let mut routes: Vec<(String, Route)> = Vec::new();
     for service in &services {
-        if !names.insert(service.name.as_str()) {
-            return Err(Failure::Usage(format!(
-                "two stores are named {}; name them: --store orders=URL --store payments=URL",
-                service.name
-            )));
-        }
+        names.admit(&service.name)?;
         let (route, opened) = service.open_for(&args.scope).await?;
         routes.extend(route.map(|route| (service.name.clone(), route)));
         stores.extend(opened);
